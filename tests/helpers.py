@@ -1,0 +1,50 @@
+"""Shared helpers for the kernel tests: the world we are in, poisoned outputs, error norms."""
+
+import os
+
+import numpy as np
+from numba import cuda
+
+from tinyvllm.kernels.bf16 import from_bf16, to_bf16
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+BF16_NAN = np.uint16(0x7FC0)
+BF16_TOLERANCE = 1e-2
+
+
+def pick(simulator_value, gpu_value):
+    """Tiny sizes under the simulator, model-sized ones on the GPU."""
+    return simulator_value if SIMULATOR else gpu_value
+
+
+def random_bf16(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
+    return to_bf16(rng.standard_normal(shape) * scale)
+
+
+def poisoned(shape, dtype=np.uint16):
+    """A device array filled with NaN (bf16 or float32) or -1 (integers): unwritten output shows."""
+    dtype = np.dtype(dtype)
+    if dtype == np.uint16:
+        fill = BF16_NAN
+    elif dtype.kind == "f":
+        fill = np.nan
+    else:
+        fill = -1
+    return cuda.to_device(np.full(shape, fill, dtype=dtype))
+
+
+def relative_error(actual, expected) -> float:
+    """||actual - expected|| / ||expected|| in float64; NaN anywhere gives inf."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if not np.all(np.isfinite(actual)):
+        return float("inf")
+    norm = np.linalg.norm(expected)
+    return float(np.linalg.norm(actual - expected) / (norm if norm > 0 else 1.0))
+
+
+def widen(bits) -> np.ndarray:
+    """Device or host bf16 bits -> float64 on the host."""
+    if hasattr(bits, "copy_to_host"):
+        bits = bits.copy_to_host()
+    return from_bf16(bits).astype(np.float64)

@@ -1,0 +1,160 @@
+"""NumPy references for every kernel: the test oracle and the CPU backend.
+
+Each function is the plain math of one operator, written for clarity, in whatever float
+dtype it is given: the tests call it in float64 to judge the kernels, and the NumPy
+backend calls it in float32 to run the model. bf16 never appears here; the callers widen
+and narrow (`tinyvllm.kernels.bf16`).
+
+Shapes follow the kernels: T tokens, Hq query heads, Hkv key/value heads, D head_dim,
+S sequences. The paged KV cache is `[num_blocks, block_size, Hkv, D]` per layer for K and
+for V; a sequence's token at position p lives in block `block_table[p // block_size]`,
+row `p % block_size`.
+"""
+
+import numpy as np
+
+
+def embedding(token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Rows of the embedding table: out[t] = table[token_ids[t]]."""
+    return table[np.asarray(token_ids)]
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last axis."""
+    mean_square = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(mean_square + eps) * weight
+
+
+def add_rmsnorm(
+    x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The fused pre-norm step: residual += x; return (rmsnorm(residual) * weight, residual)."""
+    residual = residual + x
+    return rmsnorm(residual, weight, eps), residual
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotary embedding with HF's rotate-half pairing: element i turns with i + D/2.
+
+    x: [T, H, D]; positions: [T]; inv_freq: [D/2]. The angle of pair i at position p is
+    p * inv_freq[i]; (a, b) -> (a cos - b sin, b cos + a sin).
+    """
+    half = x.shape[-1] // 2
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
+    cos = np.cos(angles).astype(x.dtype)[:, None, :]
+    sin = np.sin(angles).astype(x.dtype)[:, None, :]
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU's activation: gate_up = [gate | up] on the last axis -> silu(gate) * up."""
+    gate, up = np.split(gate_up, 2, axis=-1)
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """y = x @ W^T with W in HF's [out_features, in_features] orientation."""
+    return x @ weight.T
+
+
+def write_kv(
+    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray
+) -> None:
+    """Scatter each token's K and V into its cache slot (in place); a negative slot is padding."""
+    block_size = k_cache.shape[1]
+    for token, slot in enumerate(np.asarray(slot_mapping)):
+        if slot >= 0:
+            k_cache[slot // block_size, slot % block_size] = k[token]
+            v_cache[slot // block_size, slot % block_size] = v[token]
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Softmax(q k^T / sqrt(D)) v for one sequence, GQA, causal.
+
+    q: [n, Hq, D] are the last n of the L tokens in k, v: [L, Hkv, D]; query i sits at
+    position L - n + i and sees keys 0 .. L - n + i. Query head h reads KV head
+    h // (Hq // Hkv).
+    """
+    n, num_heads, head_dim = q.shape
+    length, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim).astype(q.dtype)
+    query_pos = np.arange(length - n, length)[:, None]
+    key_pos = np.arange(length)[None, :]
+    scores = np.where(key_pos <= query_pos, scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", weights, v)
+
+
+def varlen_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray) -> np.ndarray:
+    """Causal attention for a packed batch of whole sequences: sequence s is rows cu[s]:cu[s+1]."""
+    out = np.empty_like(q)
+    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        out[start:end] = causal_attention(q[start:end], k[start:end], v[start:end])
+    return out
+
+
+def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` tokens of one sequence's K (or V), read through its block table."""
+    block_size = cache.shape[1]
+    blocks = cache[np.asarray(block_table)[: (length + block_size - 1) // block_size]]
+    return blocks.reshape(-1, *cache.shape[2:])[:length]
+
+
+def paged_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    context_lens: np.ndarray,
+) -> np.ndarray:
+    """Attention over the paged cache, for prefill, chunked prefill and decode alike.
+
+    Sequence s owns query rows cu_seqlens_q[s]:cu_seqlens_q[s+1]: the newest of its
+    context_lens[s] tokens, whose K and V are already in the cache. Decode is the case
+    of one query row per sequence.
+    """
+    out = np.empty_like(q)
+    for s, (start, end) in enumerate(zip(cu_seqlens_q[:-1], cu_seqlens_q[1:])):
+        length = int(context_lens[s])
+        k = gather_kv(k_cache, block_tables[s], length)
+        v = gather_kv(v_cache, block_tables[s], length)
+        out[start:end] = causal_attention(q[start:end], k, v)
+    return out
+
+
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """Greedy choice per row; ties take the lowest index."""
+    return np.argmax(logits, axis=-1).astype(np.int32)
+
+
+def sampling_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The distribution one row is sampled from, after temperature, top-k and top-p.
+
+    Both filters are thresholds, so ties at the edge are kept. top-k keeps every token
+    whose logit is at least the k-th largest (-1 keeps all). top-p then sorts the
+    remaining probabilities in descending order, finds the first one at which the
+    cumulative sum reaches top_p, and keeps every token at least that probable. The kept
+    probabilities are renormalised. temperature 0 is greedy: all mass on the argmax.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    probs = np.zeros_like(logits)
+    if temperature == 0:
+        probs[np.argmax(logits)] = 1.0
+        return probs
+    keep = np.ones(logits.shape, dtype=bool)
+    if top_k > 0:
+        keep &= logits >= np.sort(logits)[::-1][min(top_k, logits.size) - 1]
+    scaled = np.where(keep, logits / temperature, -np.inf)
+    weights = np.exp(scaled - scaled.max())
+    weights /= weights.sum()
+    descending = np.sort(weights)[::-1]
+    crossing = min(int(np.searchsorted(np.cumsum(descending), top_p)), weights.size - 1)
+    probs = np.where(weights >= descending[crossing], weights, 0.0)
+    return probs / probs.sum()
