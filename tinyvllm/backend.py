@@ -1,0 +1,119 @@
+"""Backends: where the model's arrays live and which code runs its operators.
+
+The model (`model.py`) is written once, as a sequence of operator calls on a backend.
+Both backends offer the same operators with the kernels' signatures (inputs, then
+preallocated outputs), so the forward pass and the engine above it do not know which
+one they run on:
+
+- `CudaBackend`: arrays are Numba device arrays; each operator is a `@cuda.jit` kernel
+  (or cuBLAS) launched on one stream, which the runner can capture into a CUDA graph.
+- `NumpyBackend`: arrays are NumPy arrays; each operator is the NumPy reference from
+  `kernels/reference.py`. Activations are stored as bf16 bits like on the GPU
+  (`activation_dtype="bf16"`, rounding at the same points as the kernels) or as float32
+  (`"float32"`, the closest to the real-valued model, used as the oracle against
+  transformers). Weights are widened to float32 once, at load.
+
+Both store the KV cache as one arena `[layers, 2, num_blocks, block_size, kv_heads,
+head_dim]`; a layer's K (or V) is the contiguous view `arena[layer, 0]` (or 1).
+"""
+
+import numpy as np
+
+from tinyvllm.kernels import reference
+from tinyvllm.kernels.bf16 import from_bf16, to_bf16
+
+ACTIVATION_DTYPES = ("bf16", "float32")
+
+
+class NumpyBackend:
+    """The NumPy reference operators behind the kernel signatures (host memory)."""
+
+    name = "numpy"
+
+    def __init__(self, activation_dtype: str = "float32"):
+        if activation_dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"activation_dtype: expected one of {ACTIVATION_DTYPES}, got {activation_dtype!r}")
+        self.activation_dtype = np.dtype(np.uint16 if activation_dtype == "bf16" else np.float32)
+
+    # -- memory -----------------------------------------------------------------
+    def weight(self, bits: np.ndarray) -> np.ndarray:
+        """A bf16 weight, widened once to float32 for NumPy's matrix products."""
+        return from_bf16(bits)
+
+    def constant(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    def upload(self, host: np.ndarray, device: np.ndarray) -> None:
+        device[...] = host
+
+    def download(self, device: np.ndarray) -> np.ndarray:
+        return np.array(device)
+
+    def synchronize(self) -> None:
+        """Nothing runs asynchronously on the host."""
+
+    # -- activations in and out ----------------------------------------------------
+    @staticmethod
+    def _read(array: np.ndarray) -> np.ndarray:
+        return from_bf16(array) if array.dtype == np.uint16 else array
+
+    @staticmethod
+    def _write(out: np.ndarray, values: np.ndarray) -> None:
+        out[...] = to_bf16(values) if out.dtype == np.uint16 else values
+
+    # -- operators ---------------------------------------------------------------
+    def embedding(self, token_ids, table, out) -> None:
+        self._write(out, reference.embedding(token_ids, self._read(table)))
+
+    def gather_rows(self, indices, source, out) -> None:
+        out[...] = source[indices]
+
+    def rmsnorm(self, x, weight, eps, out, residual=None) -> None:
+        if residual is None:
+            self._write(out, reference.rmsnorm(self._read(x), weight, eps))
+            return
+        summed = self._read(residual) + self._read(x)
+        self._write(residual, summed)
+        self._write(out, reference.rmsnorm(self._read(residual), weight, eps))
+
+    def linear(self, x, weight, out) -> None:
+        self._write(out, reference.linear(self._read(x), weight))
+
+    def rope(self, q, k, positions, inv_freq) -> None:
+        self._write(q, reference.rope(self._read(q), positions, inv_freq))
+        self._write(k, reference.rope(self._read(k), positions, inv_freq))
+
+    def silu_mul(self, gate_up, out) -> None:
+        self._write(out, reference.silu_mul(self._read(gate_up)))
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
+        self._write(
+            out,
+            reference.paged_attention(
+                self._read(q), self._read(k_cache), self._read(v_cache), block_tables, cu_seqlens_q, context_lens
+            ),
+        )
+
+    def decode_scratch(self, max_seqs: int, config) -> None:
+        """The NumPy decode needs no split-K scratch."""
+
+    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
+        cu_seqlens_q = np.arange(q.shape[0] + 1, dtype=np.int32)
+        self.prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out)
+
+    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:
+        """Greedy rows take the argmax; the others draw from the filtered distribution
+        with a generator keyed by (seed, position), so a recomputed token is the same."""
+        for row in range(logits.shape[0]):
+            if temperature[row] == 0:
+                out[row] = reference.argmax(logits[row])
+                continue
+            probs = reference.sampling_probs(logits[row], temperature[row], top_k[row], top_p[row])
+            generator = np.random.Generator(np.random.Philox(key=int(seeds[row]), counter=int(positions[row])))
+            out[row] = generator.choice(probs.size, p=probs)

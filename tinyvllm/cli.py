@@ -1,0 +1,147 @@
+"""The `tinyvllm` command line: generate, chat, serve, bench, convert.
+
+Every subcommand that runs a model takes the same engine flags (--model, --mode,
+--backend, ...); with no --model the embedded SmolLM2-135M-Instruct is used.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from tinyvllm.engine_setup import BACKENDS
+from tinyvllm.scheduler import MODES
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
+    group.add_argument("--mode", choices=MODES, default="continuous", help="batching policy")
+    group.add_argument("--backend", choices=BACKENDS, default="auto", help="cuda, numpy, or auto (cuda if a GPU is present)")
+    group.add_argument("--max-model-len", type=int, help="longest prompt + output, in tokens")
+    group.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
+    group.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: sized from free memory)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = {
+        "mode": args.mode,
+        "backend": args.backend,
+        "max_num_seqs": args.max_num_seqs,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager,
+    }
+    if args.max_model_len is not None:
+        kwargs["max_model_len"] = args.max_model_len
+    if args.num_blocks is not None:
+        kwargs["num_blocks"] = args.num_blocks
+    return kwargs
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=-1)
+    group.add_argument("--max-tokens", type=int, default=max_tokens)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--stop", action="append", help="stop string (repeatable)")
+    group.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params(args: argparse.Namespace):
+    from tinyvllm.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompts)
+    if args.file:
+        with open(args.file, encoding="utf-8") as handle:
+            prompts += [line.rstrip("\n") for line in handle if line.strip()]
+    if prompts == ["-"] or (not prompts and not sys.stdin.isatty()):
+        prompts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        raise SystemExit("tinyvllm generate: no prompt given (arguments, --file, or stdin)")
+    return prompts
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from tinyvllm.engine import LLM
+
+    prompts = read_prompts(args)
+    params = sampling_params(args)
+    llm = LLM(args.model, **engine_kwargs(args))
+    if args.raw:
+        outputs = llm.generate(prompts, params)
+    else:
+        outputs = llm.chat([[{"role": "user", "content": prompt}] for prompt in prompts], params)
+    for prompt, output in zip(prompts, outputs):
+        if args.json:
+            print(json.dumps({
+                "prompt": prompt,
+                "text": output.text,
+                "token_ids": output.token_ids,
+                "finish_reason": output.finish_reason,
+                "prompt_tokens": len(output.prompt_token_ids),
+            }))
+        else:
+            print(output.text)
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from tinyvllm.chat import run_chat
+
+    run_chat(args.model, engine_kwargs(args), sampling_params(args), system=args.system)
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from tinyvllm.gguf import convert_gguf
+
+    convert_gguf(args.gguf, args.out_dir)
+    print(f"wrote {args.out_dir}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tinyvllm", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate text for one or more prompts")
+    generate.add_argument("prompts", nargs="*", help="prompts ('-' reads one per line from stdin)")
+    generate.add_argument("--file", help="read prompts from a file, one per line")
+    generate.add_argument("--raw", action="store_true", help="plain completion, no chat template")
+    generate.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    add_engine_arguments(generate)
+    add_sampling_arguments(generate, max_tokens=256)
+    generate.set_defaults(handler=cmd_generate)
+
+    chat = commands.add_parser("chat", help="an interactive conversation (/reset, /exit)")
+    chat.add_argument("--system", help="system prompt")
+    add_engine_arguments(chat)
+    add_sampling_arguments(chat, max_tokens=512)
+    chat.set_defaults(handler=cmd_chat)
+
+    convert = commands.add_parser("convert", help="convert a GGUF file into a Hugging Face model directory")
+    convert.add_argument("gguf", help="the .gguf file")
+    convert.add_argument("out_dir", help="the directory to write")
+    convert.set_defaults(handler=cmd_convert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except ValueError as error:
+        raise SystemExit(f"tinyvllm {args.command}: {error}") from error

@@ -1,0 +1,87 @@
+"""The GPU backend: Numba device arrays, `@cuda.jit` kernels and cuBLAS on one stream.
+
+Every launch goes to one stream, so the runner can capture a whole decode step into a
+CUDA graph on it. Weights and buffers are plain Numba device arrays allocated once; the
+operators allocate nothing. Under Numba's CUDA simulator the same class runs the kernels
+on the CPU (the engine tests use that).
+"""
+
+import numpy as np
+from numba import cuda
+
+from tinyvllm.kernels import activation, attention_decode, attention_prefill, embedding, kv_cache, rmsnorm, rope
+from tinyvllm.kernels import sampling
+from tinyvllm.kernels.linear import linear
+
+
+class CudaBackend:
+    name = "cuda"
+    activation_dtype = np.dtype(np.uint16)
+
+    def __init__(self, linear_backend: str = "auto"):
+        self.stream = cuda.stream()
+        self.linear_backend = linear_backend
+
+    # -- memory -----------------------------------------------------------------
+    def weight(self, bits: np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(bits), stream=self.stream)
+
+    def constant(self, array: np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(array), stream=self.stream)
+
+    def empty(self, shape: tuple[int, ...], dtype):
+        return cuda.device_array(shape, dtype=dtype, stream=self.stream)
+
+    def upload(self, host: np.ndarray, device) -> None:
+        device.copy_to_device(np.ascontiguousarray(host), stream=self.stream)
+
+    def download(self, device) -> np.ndarray:
+        host = device.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return host
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        self.stream.synchronize()
+        return tuple(cuda.current_context().get_memory_info())
+
+    # -- operators ---------------------------------------------------------------
+    def embedding(self, token_ids, table, out) -> None:
+        embedding.embedding(token_ids, table, out, stream=self.stream)
+
+    def gather_rows(self, indices, source, out) -> None:
+        embedding.embedding(indices, source, out, stream=self.stream)
+
+    def rmsnorm(self, x, weight, eps, out, residual=None) -> None:
+        rmsnorm.rmsnorm(x, weight, eps, out, residual=residual, stream=self.stream)
+
+    def linear(self, x, weight, out) -> None:
+        linear(x, weight, out, backend=self.linear_backend, stream=self.stream)
+
+    def rope(self, q, k, positions, inv_freq) -> None:
+        rope.rope(q, k, positions, inv_freq, stream=self.stream)
+
+    def silu_mul(self, gate_up, out) -> None:
+        activation.silu_mul(gate_up, out, stream=self.stream)
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        kv_cache.write_kv(k, v, k_cache, v_cache, slot_mapping, stream=self.stream)
+
+    def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
+        attention_prefill.prefill_attention(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, stream=self.stream
+        )
+
+    def decode_scratch(self, max_seqs: int, config):
+        return attention_decode.DecodeScratch.allocate(max_seqs, config.num_attention_heads, config.head_dim)
+
+    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
+        attention_decode.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, out, scratch, stream=self.stream
+        )
+
+    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:
+        sampling.sample(logits, temperature, top_k, top_p, seeds, positions, out, stream=self.stream)

@@ -1,0 +1,185 @@
+"""LLMEngine and LLM: requests in, tokens and text out.
+
+`LLMEngine` is the streaming interface (vLLM's names): `add_request`, then `step()` until
+`has_unfinished_requests()` is False, each step returning the requests that progressed;
+`abort` drops one at any time. `LLM` wraps it for offline batches: `generate` and `chat`.
+
+One step is: the scheduler picks tokens to compute, the runner runs one forward and
+samples, the scheduler records the sampled tokens (finishing on EOS, stop ids, length),
+and the engine detokenizes incrementally and checks stop strings.
+"""
+
+import itertools
+import sys
+from collections.abc import Sequence as SequenceABC
+from pathlib import Path
+
+from tinyvllm.config import ModelConfig
+from tinyvllm.detokenizer import IncrementalDetokenizer, find_stop_string
+from tinyvllm.engine_setup import EngineArgs, build_runner
+from tinyvllm.memory import BlockAllocator
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.sequence import RequestOutput, Sequence
+from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.weights import load_weights
+
+Prompt = str | list[int]
+
+
+class LLMEngine:
+    def __init__(self, model: str | Path | None = None, **kwargs):
+        self.args = EngineArgs(**kwargs)
+        model_dir = Path(model) if model is not None else _default_model_dir()
+        self.model_dir = model_dir
+        self.config = ModelConfig.from_dir(model_dir)
+        self.tokenizer = Tokenizer.from_dir(model_dir)
+        self.runner, limits = build_runner(self.config, load_weights(model_dir, self.config), self.args)
+        self.max_model_len = limits.max_model_len
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=self.runner.num_blocks,
+                block_size=limits.block_size,
+                max_num_seqs=limits.max_num_seqs,
+                max_num_batched_tokens=limits.max_num_batched_tokens,
+                max_model_len=limits.max_model_len,
+                mode=self.args.mode,
+                eos_token_ids=self.config.stop_token_ids,
+            ),
+            BlockAllocator(self.runner.num_blocks),
+        )
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._sequences: dict[str, Sequence] = {}
+        self._request_ids = itertools.count()
+
+    # -- requests ------------------------------------------------------------------
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue a prompt (text or token ids); returns its request id. A bad request raises
+        ValueError naming the problem and leaves the engine as it was."""
+        params = params if params is not None else self.default_sampling_params()
+        params.validate_for_vocab(self.config.vocab_size)
+        text, token_ids = self._tokenize(prompt)
+        request_id = request_id if request_id is not None else str(next(self._request_ids))
+        seq = Sequence(request_id, token_ids, params, prompt=text)
+        self.scheduler.add(seq)
+        self._sequences[request_id] = seq
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it was not running or waiting."""
+        aborted = self.scheduler.abort(request_id)
+        self._sequences.pop(request_id, None)
+        self._detokenizers.pop(request_id, None)
+        return aborted
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The model's generation_config.json defaults, like vLLM's."""
+        defaults = self.config.generation
+        return SamplingParams(
+            temperature=1.0 if defaults.temperature is None else defaults.temperature,
+            top_p=1.0 if defaults.top_p is None else defaults.top_p,
+            top_k=-1 if not defaults.top_k else defaults.top_k,
+        )
+
+    # -- stepping ------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; return the state of every request that got a token."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        sampled = self.runner.execute(batch)
+        self.scheduler.postprocess(batch, sampled)
+        outputs = []
+        for seq, samples in zip(batch.seqs, batch.samples):
+            if samples and seq.request_id in self._sequences:
+                outputs.append(self._output(seq))
+        return outputs
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        detokenizer = self._detokenizers[seq.request_id]
+        before = len(detokenizer.text)
+        detokenizer.step(seq.token_ids[len(detokenizer.token_ids) :])
+        if seq.is_finished:
+            detokenizer.finish()
+        new_chars = len(detokenizer.text) - before
+        stop = find_stop_string(detokenizer.text, seq.sampling_params.stop, new_chars)
+        if stop is not None:
+            detokenizer.text = detokenizer.text[: stop[0]]
+            self.scheduler.finish(seq, "stop")
+        if seq.is_finished:
+            del self._sequences[seq.request_id]
+            del self._detokenizers[seq.request_id]
+        return RequestOutput.from_sequence(seq, detokenizer.text)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, SequenceABC) or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt: must not be empty")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token ids {bad[:5]} are outside the vocabulary of {self.config.vocab_size}")
+        return None, list(prompt)
+
+
+class LLM:
+    """Offline generation: `LLM(model).generate(prompts, params)` -> list[RequestOutput]."""
+
+    def __init__(self, model: str | Path | None = None, **kwargs):
+        self.engine = LLMEngine(model, **kwargs)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs in prompt order.
+
+        All prompts are validated before any runs: a bad one raises ValueError and none is queued.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                request_ids.append(self.engine.add_request(prompt, params))
+        except ValueError:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the chat template (with the generation prompt) and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode_chat(conversation) for conversation in conversations]
+        return self.generate(prompts, sampling_params)
+
+
+def _default_model_dir() -> Path:
+    from tinyvllm.default_model import default_model_dir
+
+    print("tinyvllm: no model given, using the embedded SmolLM2-135M-Instruct", file=sys.stderr)
+    return default_model_dir()

@@ -1,0 +1,59 @@
+"""Token embedding: a gather of table rows.
+
+    out[t, :] = table[token_ids[t], :]        token_ids: int32[T], table: bf16[V, H]
+
+No arithmetic, only bytes: T rows of H bf16 values are read and written, so the kernel
+is as fast as its memory traffic. One block per token copies the row 16 bytes (eight
+bf16 values) per thread per step.
+
+An id outside [0, V) would read memory that is not the table. The launcher rejects such
+ids when `token_ids` is a host NumPy array; a device array cannot be inspected without a
+synchronisation, so the engine validates ids on the host, where the tokenizer and the
+request produce them, before they reach the device. The kernel still never reads out of
+bounds: a row with a bad id is filled with bf16 NaN (0x7FC0), which poisons everything
+downstream instead of silently using a wrong row.
+"""
+
+import numpy as np
+from numba import cuda
+
+from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.reduce import WARP
+from tinyvllm.kernels.vector_io import BF16_NAN_PAIR, VECTOR, check_rows_of_eight, load_words, store_words
+
+MAX_THREADS = 256
+
+
+@cuda.jit
+def _embedding_kernel(token_ids, table, out):
+    token = cuda.blockIdx.x
+    token_id = token_ids[token]
+    vocab_size, hidden = table.shape
+    valid = 0 <= token_id < vocab_size
+    nan = np.uint32(BF16_NAN_PAIR)
+    for column in range(cuda.threadIdx.x * VECTOR, hidden, cuda.blockDim.x * VECTOR):
+        if valid:
+            store_words(out[token], column, load_words(table[token_id], column))
+        else:
+            store_words(out[token], column, (nan, nan, nan, nan))
+
+
+def embedding(token_ids, table, out, *, stream=0) -> None:
+    """out[t] = table[token_ids[t]]. Raises ValueError for a host id outside the vocabulary."""
+    (num_tokens,) = check_array("token_ids", token_ids, np.int32, (None,))
+    vocab_size, hidden = check_rows_of_eight("table", table, (None, None))
+    check_rows_of_eight("out", out, (num_tokens, hidden))
+    if isinstance(token_ids, np.ndarray):
+        bad = np.flatnonzero((token_ids < 0) | (token_ids >= vocab_size))
+        if bad.size:
+            position = int(bad[0])
+            raise ValueError(
+                f"token_ids: id {int(token_ids[position])} at position {position} "
+                f"is outside the vocabulary [0, {vocab_size})"
+            )
+        # The one documented per-call allocation: a host array is copied to the device.
+        token_ids = cuda.to_device(token_ids, stream=stream)
+    if num_tokens == 0:
+        return
+    threads = min(MAX_THREADS, WARP * -(-(hidden // VECTOR) // WARP))
+    _embedding_kernel[num_tokens, threads, stream](token_ids, table, out)

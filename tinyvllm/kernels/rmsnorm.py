@@ -1,0 +1,134 @@
+"""RMSNorm, optionally fused with the residual add that precedes it.
+
+    out[t, :] = x[t, :] / sqrt(mean_j(x[t, j]^2) + eps) * weight
+
+Every Llama block normalises twice, each time right after adding a sublayer's output to
+the residual stream. The fused form does both in one pass over memory:
+
+    residual[t, :] += x[t, :]          (stored back as bf16, rounded once)
+    out[t, :] = rmsnorm(residual[t, :]) * weight
+
+and normalises the rounded residual, exactly the value the next block will read back.
+
+One block per row. Each thread owns up to VECTORS_PER_THREAD chunks of eight values,
+chunk j = thread + k * blockDim: it loads them all with 16-byte loads (many bytes in
+flight, the row never re-read) and keeps them in registers as packed bf16 pairs, half
+the registers float32 would take, so more blocks fit on an SM. It adds its squares in
+float32, the block sums the partials (`reduce.block_sum`), and each thread scales its own
+chunks by 1/rms and the weight and stores them. The block is the smallest power of two
+(at least one warp) that covers the row.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from tinyvllm.kernels.checks import check_positive
+from tinyvllm.kernels.reduce import WARP, block_sum
+from tinyvllm.kernels.vector_io import (
+    VECTOR,
+    check_rows_of_eight,
+    high_half,
+    load_words,
+    low_half,
+    pack_pair,
+    store_words,
+)
+
+VECTORS_PER_THREAD = 4
+MAX_THREADS = 1024
+MAX_HIDDEN = MAX_THREADS * VECTORS_PER_THREAD * VECTOR
+
+
+@cuda.jit(device=True, inline=True)
+def _normalize_and_store(words, weight, eps, out_row):
+    """words: this thread's chunks of the row as bf16 pairs (zeros past its end).
+
+    out_row = row / rms(row) * weight, the sum of squares taken over the whole block.
+    """
+    scratch = cuda.shared.array(MAX_THREADS, float32)
+    hidden = out_row.shape[0]
+    squares = float32(0.0)
+    for k in range(VECTORS_PER_THREAD):
+        for j in range(4):
+            low, high = low_half(words[k, j]), high_half(words[k, j])
+            squares += low * low + high * high
+    scale = float32(1.0) / math.sqrt(block_sum(squares, scratch) / float32(hidden) + eps)
+    for k in range(VECTORS_PER_THREAD):
+        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
+        if column < hidden:
+            g0, g1, g2, g3 = load_words(weight, column)
+            w0, w1, w2, w3 = words[k, 0], words[k, 1], words[k, 2], words[k, 3]
+            normalized = (
+                pack_pair(low_half(w0) * scale * low_half(g0), high_half(w0) * scale * high_half(g0)),
+                pack_pair(low_half(w1) * scale * low_half(g1), high_half(w1) * scale * high_half(g1)),
+                pack_pair(low_half(w2) * scale * low_half(g2), high_half(w2) * scale * high_half(g2)),
+                pack_pair(low_half(w3) * scale * low_half(g3), high_half(w3) * scale * high_half(g3)),
+            )
+            store_words(out_row, column, normalized)
+
+
+@cuda.jit
+def _rmsnorm_kernel(x, weight, eps, out):
+    row = cuda.blockIdx.x
+    hidden = x.shape[1]
+    words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    for k in range(VECTORS_PER_THREAD):
+        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
+        if column < hidden:
+            words[k, 0], words[k, 1], words[k, 2], words[k, 3] = load_words(x[row], column)
+        else:
+            for j in range(4):
+                words[k, j] = uint32(0)
+    _normalize_and_store(words, weight, eps, out[row])
+
+
+@cuda.jit
+def _add_rmsnorm_kernel(x, residual, weight, eps, out):
+    row = cuda.blockIdx.x
+    hidden = x.shape[1]
+    words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    addend = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    for k in range(VECTORS_PER_THREAD):
+        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
+        if column < hidden:
+            words[k, 0], words[k, 1], words[k, 2], words[k, 3] = load_words(residual[row], column)
+            addend[k, 0], addend[k, 1], addend[k, 2], addend[k, 3] = load_words(x[row], column)
+    for k in range(VECTORS_PER_THREAD):
+        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
+        if column < hidden:
+            for j in range(4):
+                words[k, j] = pack_pair(
+                    low_half(words[k, j]) + low_half(addend[k, j]), high_half(words[k, j]) + high_half(addend[k, j])
+                )
+            store_words(residual[row], column, (words[k, 0], words[k, 1], words[k, 2], words[k, 3]))
+        else:
+            for j in range(4):
+                words[k, j] = uint32(0)
+    _normalize_and_store(words, weight, eps, out[row])
+
+
+def _threads_for(hidden: int) -> int:
+    """The smallest power of two, at least a warp, whose threads cover the row."""
+    threads_needed = -(-hidden // (VECTORS_PER_THREAD * VECTOR))
+    return max(WARP, 1 << (threads_needed - 1).bit_length())
+
+
+def rmsnorm(x, weight, eps: float, out, *, residual=None, stream=0) -> None:
+    """out = rmsnorm(x) * weight; with `residual`: residual += x, then out = rmsnorm(residual) * weight."""
+    num_tokens, hidden = check_rows_of_eight("x", x, (None, None))
+    check_rows_of_eight("weight", weight, (hidden,))
+    check_rows_of_eight("out", out, (num_tokens, hidden))
+    if residual is not None:
+        check_rows_of_eight("residual", residual, (num_tokens, hidden))
+    check_positive("eps", eps)
+    if hidden > MAX_HIDDEN:
+        raise ValueError(f"x: hidden size {hidden} exceeds the kernel's maximum {MAX_HIDDEN}")
+    if num_tokens == 0:
+        return
+    launch = (num_tokens, _threads_for(hidden), stream)
+    if residual is None:
+        _rmsnorm_kernel[launch](x, weight, np.float32(eps), out)
+    else:
+        _add_rmsnorm_kernel[launch](x, residual, weight, np.float32(eps), out)

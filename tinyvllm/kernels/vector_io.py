@@ -1,0 +1,161 @@
+"""16-byte loads and stores: eight bf16 values per instruction.
+
+A bandwidth-bound kernel reaches the HBM roofline only with many bytes in flight per
+thread. Numba indexes a uint16 array two bytes at a time, and LLVM cannot merge
+neighbouring loads into one wide load because it does not know the address is 16-byte
+aligned. `load_words(row, i)` tells it: it loads `row[i : i + 8]` as one aligned
+`<4 x i32>`, which the NVPTX backend emits as a single `ld.global.v4.u32`, and returns
+the four 32-bit words (each holds two bf16 values, the lower index in the low half).
+`store_words(row, i, words)` is the matching `st.global.v4.u32`. Both are ordinary LLVM
+loads and stores, so the compiler still sees every memory dependence.
+
+The caller guarantees alignment: `row` is a C-contiguous uint16 row, `i` a multiple of 8,
+and the launcher has run `check_rows_of_eight` on the array the row comes from (rows a
+multiple of 8 elements long, base address a multiple of 16 bytes).
+
+`load_bf16x8` / `store_bf16x8` add the bf16 <-> float32 conversion into a local
+float32[8] array. The CUDA simulator runs no LLVM, so there the same contract is met with
+eight scalar accesses; the choice is made once, at import, as in `reduce.py`.
+"""
+
+import numpy as np
+from numba import config, cuda
+
+from tinyvllm.kernels.bf16 import f32_to_bf16
+from tinyvllm.kernels.checks import check_array
+
+VECTOR = 8
+ALIGNMENT_BYTES = 16
+BF16_NAN_PAIR = 0x7FC07FC0
+
+
+def _wide_intrinsics():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    words_type = types.UniTuple(types.uint32, 4)
+    vector_type = ir.VectorType(ir.IntType(32), 4)
+
+    def is_contiguous_bf16_row(row):
+        return isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C" and row.dtype == types.uint16
+
+    def vector_pointer(context, builder, row_type, row, index_type, index):
+        array = context.make_array(row_type)(context, builder, value=row)
+        index = context.cast(builder, index, index_type, types.intp)
+        element = cgutils.get_item_pointer(context, builder, row_type, array, [index])
+        return builder.bitcast(element, vector_type.as_pointer())
+
+    @intrinsic
+    def load_words(typingctx, row, index):
+        if not (is_contiguous_bf16_row(row) and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pointer = vector_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            vector = builder.load(pointer, align=ALIGNMENT_BYTES)
+            words = [builder.extract_element(vector, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            return context.make_tuple(builder, words_type, words)
+
+        return words_type(row, index), codegen
+
+    @intrinsic
+    def store_words(typingctx, row, index, words):
+        if not (is_contiguous_bf16_row(row) and isinstance(index, types.Integer) and words == words_type):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pointer = vector_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            vector = ir.Constant(vector_type, ir.Undefined)
+            for k in range(4):
+                word = builder.extract_value(args[2], k)
+                vector = builder.insert_element(vector, word, ir.Constant(ir.IntType(32), k))
+            builder.store(vector, pointer, align=ALIGNMENT_BYTES)
+
+        return types.void(row, index, words), codegen
+
+    return load_words, store_words
+
+
+@cuda.jit(device=True)
+def _load_words_scalar(row, index):
+    return (
+        np.uint32(row[index]) | np.uint32(np.uint32(row[index + 1]) << np.uint32(16)),
+        np.uint32(row[index + 2]) | np.uint32(np.uint32(row[index + 3]) << np.uint32(16)),
+        np.uint32(row[index + 4]) | np.uint32(np.uint32(row[index + 5]) << np.uint32(16)),
+        np.uint32(row[index + 6]) | np.uint32(np.uint32(row[index + 7]) << np.uint32(16)),
+    )
+
+
+@cuda.jit(device=True)
+def _store_words_scalar(row, index, words):
+    for k in range(4):
+        row[index + 2 * k] = np.uint16(words[k] & np.uint32(0xFFFF))
+        row[index + 2 * k + 1] = np.uint16(words[k] >> np.uint32(16))
+
+
+if config.ENABLE_CUDASIM:
+    load_words, store_words = _load_words_scalar, _store_words_scalar
+else:
+    load_words, store_words = _wide_intrinsics()
+
+
+@cuda.jit(device=True, inline=True)
+def low_half(word):
+    """The bf16 in the low 16 bits of a word, as float32."""
+    return np.uint32(word << np.uint32(16)).view(np.float32)
+
+
+@cuda.jit(device=True, inline=True)
+def high_half(word):
+    """The bf16 in the high 16 bits of a word, as float32."""
+    return np.uint32(word & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+@cuda.jit(device=True, inline=True)
+def pack_pair(low, high):
+    """Two float32 -> one word of two bf16 (each rounded to nearest even)."""
+    return np.uint32(np.uint32(f32_to_bf16(low)) | np.uint32(np.uint32(f32_to_bf16(high)) << np.uint32(16)))
+
+
+@cuda.jit(device=True, inline=True)
+def load_bf16x8(row, index, values):
+    """values[0:8] = float32(row[index : index + 8]) with one 16-byte load."""
+    w0, w1, w2, w3 = load_words(row, index)
+    values[0] = low_half(w0)
+    values[1] = high_half(w0)
+    values[2] = low_half(w1)
+    values[3] = high_half(w1)
+    values[4] = low_half(w2)
+    values[5] = high_half(w2)
+    values[6] = low_half(w3)
+    values[7] = high_half(w3)
+
+
+@cuda.jit(device=True, inline=True)
+def store_bf16x8(row, index, values):
+    """row[index : index + 8] = bf16(values[0:8]) with one 16-byte store."""
+    words = (
+        pack_pair(values[0], values[1]),
+        pack_pair(values[2], values[3]),
+        pack_pair(values[4], values[5]),
+        pack_pair(values[6], values[7]),
+    )
+    store_words(row, index, words)
+
+
+def data_address(array) -> int:
+    """The address of element 0: device arrays through the CUDA array interface, NumPy through its own."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]
+
+
+def check_rows_of_eight(name: str, array, shape) -> tuple[int, ...]:
+    """check_array, plus what 16-byte access needs: rows of a multiple of 8, a 16-byte aligned start."""
+    shape = check_array(name, array, np.uint16, shape)
+    if shape[-1] % VECTOR != 0:
+        raise ValueError(f"{name}: last dimension {shape[-1]} must be a multiple of {VECTOR} for 16-byte access")
+    if data_address(array) % ALIGNMENT_BYTES != 0:
+        raise ValueError(f"{name}: data must start on a {ALIGNMENT_BYTES}-byte boundary")
+    return shape

@@ -1,0 +1,171 @@
+"""The Llama forward pass, written as operator calls on a backend.
+
+One step runs a packed batch of T tokens from S sequences: first the decode tokens (one
+per decoding sequence), then the prefill chunks. For each layer:
+
+    h = rmsnorm(residual += x)                       (fused add + norm)
+    q, k, v = h Wq^T, h Wk^T, h Wv^T;  rope(q, k)    (rotary position embedding)
+    cache[slot] = k, v                               (paged KV write)
+    a = attention(q, cache)                          (paged decode | flash prefill)
+    x = a Wo^T
+    h = rmsnorm(residual += x)
+    x = (silu(h Wg^T) * h Wu^T) Wd^T                 (gate and up as one GEMM)
+
+and at the end only the rows that sample are gathered, normed and projected to float32
+logits. All intermediate buffers are allocated once (`Workspace`) for the largest step
+and sliced per step, so a step allocates no device memory and can be graph-captured.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyvllm.config import ModelConfig
+from tinyvllm.kernels.rope import rope_inv_freq
+
+
+@dataclass
+class StepInputs:
+    """One step's device-side metadata (views of the runner's persistent buffers).
+
+    Rows [0, num_decode) of the token arrays are decode tokens, one per sequence, whose
+    sequences are rows [0, num_decode) of `block_tables` and `context_lens`; the prefill
+    sequences follow, with their query rows given by `prefill_cu_seqlens` (relative to the
+    first prefill token). `sample_rows` are the token rows whose logits are needed, and
+    the sampling parameters have one entry per sampled row.
+    """
+
+    token_ids: object
+    positions: object
+    slot_mapping: object
+    block_tables: object
+    context_lens: object
+    prefill_cu_seqlens: object
+    sample_rows: object
+    temperature: object
+    top_k: object
+    top_p: object
+    seeds: object
+    sample_positions: object
+    num_tokens: int
+    num_decode: int
+    num_prefill_seqs: int
+
+
+@dataclass
+class LayerWeights:
+    input_norm: object
+    q_proj: object
+    k_proj: object
+    v_proj: object
+    o_proj: object
+    post_attention_norm: object
+    gate_up_proj: object
+    down_proj: object
+
+
+class Workspace:
+    """The activation buffers of the largest step, allocated once."""
+
+    def __init__(self, backend, config: ModelConfig, max_tokens: int, max_sampled: int):
+        dtype = backend.activation_dtype
+        hidden = config.hidden_size
+        self.hidden = backend.empty((max_tokens, hidden), dtype)
+        self.residual = backend.empty((max_tokens, hidden), dtype)
+        self.normed = backend.empty((max_tokens, hidden), dtype)
+        self.q = backend.empty((max_tokens, config.num_attention_heads, config.head_dim), dtype)
+        self.k = backend.empty((max_tokens, config.num_key_value_heads, config.head_dim), dtype)
+        self.v = backend.empty((max_tokens, config.num_key_value_heads, config.head_dim), dtype)
+        self.attn = backend.empty((max_tokens, config.num_attention_heads, config.head_dim), dtype)
+        self.gate_up = backend.empty((max_tokens, 2 * config.intermediate_size), dtype)
+        self.act = backend.empty((max_tokens, config.intermediate_size), dtype)
+        self.sampled_hidden = backend.empty((max_sampled, hidden), dtype)
+        self.sampled_residual = backend.empty((max_sampled, hidden), dtype)
+        self.sampled_normed = backend.empty((max_sampled, hidden), dtype)
+        self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
+        self.decode_scratch = backend.decode_scratch(max_tokens, config)
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend):
+        self.config = config
+        self.backend = backend
+        self.embed_tokens = backend.weight(weights["model.embed_tokens.weight"])
+        self.lm_head = (
+            self.embed_tokens if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
+        )
+        self.norm = backend.weight(weights["model.norm.weight"])
+        self.inv_freq = backend.constant(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))
+        self.layers = [self._layer(weights, f"model.layers.{i}.", backend) for i in range(config.num_hidden_layers)]
+
+    @staticmethod
+    def _layer(weights: dict[str, np.ndarray], prefix: str, backend) -> LayerWeights:
+        gate_up = np.concatenate([weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]])
+        return LayerWeights(
+            input_norm=backend.weight(weights[prefix + "input_layernorm.weight"]),
+            q_proj=backend.weight(weights[prefix + "self_attn.q_proj.weight"]),
+            k_proj=backend.weight(weights[prefix + "self_attn.k_proj.weight"]),
+            v_proj=backend.weight(weights[prefix + "self_attn.v_proj.weight"]),
+            o_proj=backend.weight(weights[prefix + "self_attn.o_proj.weight"]),
+            post_attention_norm=backend.weight(weights[prefix + "post_attention_layernorm.weight"]),
+            gate_up_proj=backend.weight(gate_up),
+            down_proj=backend.weight(weights[prefix + "mlp.down_proj.weight"]),
+        )
+
+    def forward(self, step: StepInputs, kv_arena, ws: Workspace):
+        """Run one step; returns the float32 logits of the sampled rows (a workspace view)."""
+        ops, eps = self.backend, self.config.rms_norm_eps
+        tokens, num_decode = step.num_tokens, step.num_decode
+        num_sampled = step.sample_rows.shape[0]
+        x, residual, normed = ws.hidden[:tokens], ws.residual[:tokens], ws.normed[:tokens]
+        q, k, v, attn = ws.q[:tokens], ws.k[:tokens], ws.v[:tokens], ws.attn[:tokens]
+        gate_up, act = ws.gate_up[:tokens], ws.act[:tokens]
+        flat_q = q.reshape(tokens, -1)
+        flat_attn = attn.reshape(tokens, -1)
+
+        ops.embedding(step.token_ids, self.embed_tokens, residual)
+        for index, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+            if index == 0:
+                ops.rmsnorm(residual, layer.input_norm, eps, normed)
+            else:
+                ops.rmsnorm(x, layer.input_norm, eps, normed, residual=residual)
+            ops.linear(normed, layer.q_proj, flat_q)
+            ops.linear(normed, layer.k_proj, k.reshape(tokens, -1))
+            ops.linear(normed, layer.v_proj, v.reshape(tokens, -1))
+            ops.rope(q, k, step.positions, self.inv_freq)
+            ops.write_kv(k, v, k_cache, v_cache, step.slot_mapping)
+            if num_decode:
+                ops.decode_attention(
+                    q[:num_decode],
+                    k_cache,
+                    v_cache,
+                    step.block_tables[:num_decode],
+                    step.context_lens[:num_decode],
+                    attn[:num_decode],
+                    ws.decode_scratch,
+                )
+            if step.num_prefill_seqs:
+                sequences = slice(num_decode, num_decode + step.num_prefill_seqs)
+                ops.prefill_attention(
+                    q[num_decode:],
+                    k_cache,
+                    v_cache,
+                    step.block_tables[sequences],
+                    step.prefill_cu_seqlens,
+                    step.context_lens[sequences],
+                    attn[num_decode:],
+                )
+            ops.linear(flat_attn, layer.o_proj, x)
+            ops.rmsnorm(x, layer.post_attention_norm, eps, normed, residual=residual)
+            ops.linear(normed, layer.gate_up_proj, gate_up)
+            ops.silu_mul(gate_up, act)
+            ops.linear(act, layer.down_proj, x)
+
+        sampled_x, sampled_residual = ws.sampled_hidden[:num_sampled], ws.sampled_residual[:num_sampled]
+        sampled_normed, logits = ws.sampled_normed[:num_sampled], ws.logits[:num_sampled]
+        ops.gather_rows(step.sample_rows, x, sampled_x)
+        ops.gather_rows(step.sample_rows, residual, sampled_residual)
+        ops.rmsnorm(sampled_x, self.norm, eps, sampled_normed, residual=sampled_residual)
+        ops.linear(sampled_normed, self.lm_head, logits)
+        return logits
