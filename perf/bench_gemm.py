@@ -1,0 +1,140 @@
+"""The matrix product y = x @ W^T: tiled Numba GEMM, Numba GEMV and cuBLAS on the GPU.
+
+    python -m perf.bench_gemm [--repeats 50]
+
+Shapes are Llama 3.2 1B's linear layers, K -> N: attention q/o 2048 -> 2048, k/v 2048 ->
+512, gate/up 2048 -> 8192 (each; the fused pair is 16384), down 8192 -> 2048 and the LM
+head 2048 -> 128256 (float32 logits; every other output is bf16), each at M = 1 (decode),
+2, 4, 8 (the GEMV/tiled threshold), 16, 256 and 4096 (prefill) rows, plus 4096^3. Each
+variant is timed with perf/timing.py (CUDA events, cold L2 on every run, median), its
+first rows are checked against cuBLAS's, and the table gives:
+
+    TFLOP/s  2 M N K / time
+    TB/s     (weight + activation bytes: N K 2 + M K 2) / time, the bound for small M
+    vs cuBLAS  cuBLAS time / this time (1.0 = as fast)
+
+Bars on the H200: tiled >= 25 TFLOP/s at 4096^3; GEMV >= 3.4 TB/s at M = 1 on 2048 ->
+8192 and 8192 -> 2048 (cuBLAS 3.34 TB/s). Results go to perf/results/bench_gemm.json.
+"""
+
+import argparse
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from numba import config, cuda
+
+from perf.timing import median_ms, result_header
+from tinyvllm.kernels.bf16 import from_bf16
+from tinyvllm.kernels.cublas import cublas_gemm
+from tinyvllm.kernels.gemm import gemm
+from tinyvllm.kernels.gemv import MAX_ROWS, gemv
+
+LAYERS = {
+    "qo_proj": (2048, 2048),
+    "kv_proj": (2048, 512),
+    "gate|up_proj": (2048, 8192),
+    "down_proj": (8192, 2048),
+    "lm_head": (2048, 128256),
+}
+ROW_COUNTS = (1, 2, 4, 8, 16, 256, 4096)
+SQUARE = 4096
+CHECKED_ROWS = 64
+TILED_BAR_TFLOPS = 25.0
+GEMV_BAR_TBPS = 3.4
+GEMV_BAR_LAYERS = ("gate|up_proj", "down_proj")
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
+
+rng = np.random.default_rng(0)
+
+
+def random_bf16(*shape: int):
+    """Device bf16 values of magnitude 1/8 to 2 with random signs: no zeros, no specials."""
+    magnitude = rng.integers(0x3E00, 0x4000, shape, dtype=np.uint16)
+    sign = rng.integers(0, 2, shape, dtype=np.uint16) << np.uint16(15)
+    return cuda.to_device(magnitude | sign)
+
+
+def problems():
+    """(layer, x, weight, out dtype) for every layer and row count, then the square product."""
+    for layer, (k, n) in LAYERS.items():
+        weight = random_bf16(n, k)
+        out_dtype = np.float32 if layer == "lm_head" else np.uint16
+        for m in ROW_COUNTS:
+            yield layer, random_bf16(m, k), weight, out_dtype
+    yield "square", random_bf16(SQUARE, SQUARE), random_bf16(SQUARE, SQUARE), np.uint16
+
+
+def checked_rows(out) -> np.ndarray:
+    rows = out[: min(out.shape[0], CHECKED_ROWS)].copy_to_host()
+    return from_bf16(rows) if rows.dtype == np.uint16 else rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("bench_gemm times real kernels: it needs a CUDA GPU, not the simulator")
+
+    rows = []
+    print(
+        f"{'layer':<13} {'M':>5} {'N':>6} {'K':>5} {'variant':<7} {'us':>10} {'TFLOP/s':>8} {'TB/s':>6} "
+        f"{'vs cuBLAS':>9} {'rel err':>8}"
+    )
+    for layer, x, weight, out_dtype in problems():
+        (m, k), n = x.shape, weight.shape[0]
+        variants = {"cublas": cublas_gemm, "tiled": gemm}
+        if m <= MAX_ROWS:
+            variants["gemv"] = gemv
+        outputs = {name: cuda.device_array((m, n), dtype=out_dtype) for name in variants}
+        times = {}
+        for name, launch in variants.items():
+            times[name] = median_ms(functools.partial(launch, x, weight, outputs[name]), repeats=args.repeats)
+        truth = checked_rows(outputs["cublas"])
+        for name, milliseconds in times.items():
+            actual = checked_rows(outputs[name])
+            error = float(np.linalg.norm(actual - truth) / np.linalg.norm(truth))
+            seconds = milliseconds * 1e-3
+            row = {
+                "layer": layer,
+                "m": m,
+                "n": n,
+                "k": k,
+                "variant": name,
+                "out_dtype": np.dtype(out_dtype).name,
+                "median_us": milliseconds * 1e3,
+                "tflops": 2 * m * n * k / seconds / 1e12,
+                "tbps": (n * k + m * k) * 2 / seconds / 1e12,
+                "vs_cublas": times["cublas"] / milliseconds,
+                "relative_error_vs_cublas": error,
+            }
+            rows.append(row)
+            print(
+                f"{layer:<13} {m:>5} {n:>6} {k:>5} {name:<7} {row['median_us']:>10.1f} {row['tflops']:>8.2f} "
+                f"{row['tbps']:>6.2f} {row['vs_cublas']:>9.2f} {error:>8.1e}"
+            )
+
+    bars = {
+        f"tiled@{SQUARE}^3 >= {TILED_BAR_TFLOPS} TFLOP/s": any(
+            r["layer"] == "square" and r["variant"] == "tiled" and r["tflops"] >= TILED_BAR_TFLOPS for r in rows
+        ),
+        **{
+            f"gemv@M=1 {layer} >= {GEMV_BAR_TBPS} TB/s": any(
+                r["layer"] == layer and r["m"] == 1 and r["variant"] == "gemv" and r["tbps"] >= GEMV_BAR_TBPS
+                for r in rows
+            )
+            for layer in GEMV_BAR_LAYERS
+        },
+    }
+    for name, met in bars.items():
+        print(f"bar {name}: {'met' if met else 'MISSED'}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**result_header(), "bars_met": bars, "results": rows}
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

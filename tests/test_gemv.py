@@ -1,0 +1,47 @@
+"""The GEMV kernel (x with at most MAX_ROWS rows) against the float64 reference and the tiled GEMM."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from numba import cuda
+
+from tests.helpers import pick, poisoned, random_bf16, relative_error
+from tests.test_gemm import FLOAT32_TOLERANCE, OUTPUT_DTYPES, assert_close, expected, run
+from tinyvllm.kernels.gemm import gemm
+from tinyvllm.kernels.gemv import MAX_ROWS, ROWS_PER_BLOCK, THREADS, gemv
+
+LONG_KS = [8 * THREADS, 8 * THREADS + 8, 8 * THREADS + 3]
+"""Long enough that a thread takes more than one chunk (and a ragged tail)."""
+
+
+@st.composite
+def problems(draw, long_ks=LONG_KS):
+    """Few rows of x; N around the rows-per-block edge; K short, long, ragged or whole chunks."""
+    m = draw(st.one_of(st.just(1), st.integers(1, MAX_ROWS)))
+    n = draw(st.one_of(st.integers(1, pick(9, 700)), st.sampled_from([ROWS_PER_BLOCK, ROWS_PER_BLOCK + 1])))
+    k = draw(st.one_of(st.integers(1, pick(64, 5000)), st.sampled_from(long_ks)))
+    scale = draw(st.sampled_from([1e-3, 1.0, 50.0]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return random_bf16(rng, (m, k), scale), random_bf16(rng, (n, k))
+
+
+@given(problems(), st.sampled_from(OUTPUT_DTYPES))
+def test_gemv_matches_reference(problem, out_dtype):
+    x, weight = problem
+    assert_close(run(gemv, x, weight, out_dtype), expected(x, weight), out_dtype)
+
+
+@given(problems(long_ks=pick([24], LONG_KS)))
+def test_gemv_and_tiled_gemm_agree(problem):
+    """(Under the simulator with short K only: the tiled kernel is slow there.)"""
+    x, weight = problem
+    assert relative_error(run(gemv, x, weight, np.float32), run(gemm, x, weight, np.float32)) <= FLOAT32_TOLERANCE
+
+
+def test_gemv_refuses_more_than_max_rows():
+    rng = np.random.default_rng(2)
+    x = cuda.to_device(random_bf16(rng, (MAX_ROWS + 1, 16)))
+    weight = cuda.to_device(random_bf16(rng, (3, 16)))
+    with pytest.raises(ValueError, match="^x:"):
+        gemv(x, weight, poisoned((MAX_ROWS + 1, 3), np.float32))
