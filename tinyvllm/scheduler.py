@@ -1,0 +1,279 @@
+"""Which tokens the model computes next: continuous or static batching over the paged KV cache.
+
+One engine step is `schedule()`, one forward of the model over the batch, `postprocess()`.
+As in vLLM v1 there are no prefill and decode phases: each step gives every scheduled
+sequence a number of tokens to compute, from `num_computed_tokens` toward `len(token_ids)`.
+A decode computes 1 token; a prefill computes its prompt, or only a chunk of it when the
+step's token budget `max_num_batched_tokens` runs out (chunked prefill). A sequence samples
+a new token only in the step whose chunk reaches the end of its token_ids.
+
+Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
+exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
+and none is free, the most recently admitted running sequence is preempted by recompute:
+its blocks are freed, num_computed_tokens goes back to 0 and it waits at the FRONT of the
+queue, keeping its sampled tokens. Readmitted, its whole token list is its "prompt" and its
+next sample is the token it would have sampled anyway (the sampler draws from (seed,
+position)). `add` refuses a request whose longest possible sequence does not fit the whole
+cache, so the oldest running sequence can always grow (by preempting all the others) and
+the queue never deadlocks: schedule() returns None only when no request is unfinished.
+
+Policies (SchedulerConfig.mode):
+- continuous: running sequences first, in admission order; then waiting ones join in queue
+  order while max_num_seqs, the token budget and free blocks allow. Nothing joins in a step
+  that preempted (the blocks just proved short).
+- static: when no batch is active, the front of the queue becomes the batch: up to
+  max_num_seqs sequences whose token lists fit the free blocks together. Requests arriving
+  later wait until every member has finished. Members start computing as the token budget
+  allows (a long prompt is chunked over several steps, members join running as budget
+  frees), and a member preempted mid-batch rejoins as soon as blocks free up, before the
+  batch ends: it is still a member, never a newcomer.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyvllm.memory import BlockAllocator, blocks_needed
+from tinyvllm.sequence import Sequence, SequenceStatus
+
+MODES = ("continuous", "static")
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    mode: str = "continuous"
+    eos_token_ids: tuple[int, ...] = ()  # the model's; a request's ignore_eos turns them off
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. Sequence i computes the tokens at positions
+    seqs[i].num_computed_tokens .. + num_scheduled_tokens[i] - 1 (its block table already
+    covers them) and, when samples[i], samples the next token from the last one's logits.
+    The first num_decodes entries are decodes (one token, sampled), the rest prefills or
+    prefill chunks, each group in scheduling order."""
+
+    seqs: list[Sequence]
+    num_scheduled_tokens: np.ndarray  # int32 [len(seqs)]
+    samples: np.ndarray  # bool [len(seqs)]
+    num_decodes: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.num_scheduled_tokens.sum())
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.samples.sum())
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+        if allocator.num_blocks != config.num_blocks:
+            raise ValueError(
+                f"allocator has {allocator.num_blocks} blocks, config.num_blocks is {config.num_blocks}"
+            )
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[Sequence] = deque()  # read-only outside: queue order
+        self.running: list[Sequence] = []  # read-only outside: admission order, last preempted first
+        self.num_preemptions = 0
+        self._eos = frozenset(config.eos_token_ids)
+        self._unfinished: dict[str, Sequence] = {}
+        self._static_batch: set[str] = set()  # request ids of the active static batch
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; ValueError if it could never run to completion."""
+        if seq.request_id in self._unfinished:
+            raise ValueError(f"request id {seq.request_id!r} is already in use")
+        if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
+            raise ValueError(f"only new sequences can be added, got {seq!r}")
+        max_model_len = self.config.max_model_len
+        prompt_len = seq.num_prompt_tokens
+        if prompt_len > max_model_len:
+            raise ValueError(f"prompt of {prompt_len} tokens is longer than max_model_len {max_model_len}")
+        # The longest token list it can reach; the last sampled token is never computed.
+        longest = min(prompt_len + seq.sampling_params.max_tokens, max(max_model_len, prompt_len + 1))
+        needed = blocks_needed(longest - 1, self.config.block_size)
+        if needed > self.config.num_blocks:
+            raise ValueError(
+                f"prompt of {prompt_len} tokens with max_tokens {seq.sampling_params.max_tokens} "
+                f"needs {needed} KV-cache blocks, the cache has {self.config.num_blocks}"
+            )
+        self.waiting.append(seq)
+        self._unfinished[seq.request_id] = seq
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a waiting or running request now, freeing its blocks; False if not unfinished."""
+        seq = self._unfinished.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, "abort")
+        return True
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Finish an unfinished sequence ("stop", "length" or "abort"), freeing its blocks.
+        A sequence that has finished already keeps its first reason."""
+        if seq.is_finished:
+            return
+        if self._unfinished.get(seq.request_id) is not seq:
+            raise ValueError(f"{seq!r} does not belong to this scheduler")
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.set_finished(reason)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        del self._unfinished[seq.request_id]
+        self._static_batch.discard(seq.request_id)
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's sequences and token counts, allocating their blocks; None when
+        no request is unfinished."""
+        budget = self.config.max_num_batched_tokens
+        decodes: list[tuple[Sequence, int]] = []
+        prefills: list[tuple[Sequence, int]] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self._grow(seq, seq.num_computed_tokens + num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.WAITING:  # it had to preempt itself
+                break
+            self._place(seq, num_new, decodes, prefills)
+            budget -= num_new
+            index += 1
+        if not preempted:
+            self._admit(budget, decodes, prefills)
+        scheduled = decodes + prefills
+        if not scheduled:
+            return None
+        return ScheduledBatch(
+            seqs=[seq for seq, _ in scheduled],
+            num_scheduled_tokens=np.array([n for _, n in scheduled], dtype=np.int32),
+            samples=np.array([seq.num_computed_tokens + n == seq.num_tokens for seq, n in scheduled]),
+            num_decodes=len(decodes),
+        )
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: np.ndarray) -> list[Sequence]:
+        """Record a step: advance num_computed_tokens, append one sampled token per sampling
+        sequence (sampled_token_ids holds them in batch order, batch.num_samples of them),
+        finish on EOS, stop_token_ids, max_tokens or max_model_len. Returns the sequences
+        finished here, their blocks already freed. Sequences finished while the step ran
+        (aborted) are skipped."""
+        sampled = np.asarray(sampled_token_ids)
+        if sampled.shape != (batch.num_samples,):
+            raise ValueError(
+                f"sampled_token_ids must have shape ({batch.num_samples},), got {sampled.shape}"
+            )
+        tokens = iter(sampled.tolist())
+        finished = []
+        counts, sampling = batch.num_scheduled_tokens.tolist(), batch.samples.tolist()
+        for seq, num_new, samples in zip(batch.seqs, counts, sampling):
+            token = next(tokens) if samples else None
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens += num_new
+            if token is None:
+                continue
+            seq.append_token(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.sampling_params
+        if (token in self._eos and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Extend seq's block table to hold num_tokens tokens; False if blocks are short."""
+        missing = blocks_needed(num_tokens, self.config.block_size) - len(seq.block_table)
+        if missing <= 0:
+            return True
+        if not self.allocator.can_allocate(missing):
+            return False
+        seq.block_table.extend(self.allocator.allocate(missing).tolist())
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, budget: int, decodes: list, prefills: list) -> None:
+        """Move waiting sequences (from the front, in order) to running as limits allow."""
+        static = self.config.mode == "static"
+        if static and not self._static_batch:
+            self._choose_static_batch()
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if static and seq.request_id not in self._static_batch:
+                break
+            num_new = min(seq.num_tokens, budget)
+            if not self._grow(seq, num_new):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._place(seq, num_new, decodes, prefills)
+            budget -= num_new
+
+    def _choose_static_batch(self) -> None:
+        free = self.allocator.num_free
+        for seq in self.waiting:
+            need = blocks_needed(seq.num_tokens, self.config.block_size)
+            if len(self._static_batch) == self.config.max_num_seqs or need > free:
+                break
+            free -= need
+            self._static_batch.add(seq.request_id)
+
+    @staticmethod
+    def _place(seq: Sequence, num_new: int, decodes: list, prefills: list) -> None:
+        is_decode = num_new == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
+        (decodes if is_decode else prefills).append((seq, num_new))
