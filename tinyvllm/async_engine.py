@@ -1,0 +1,251 @@
+"""AsyncEngine: the LLMEngine driven by one background thread, for asyncio servers.
+
+LLMEngine is not thread-safe, so one thread owns it: every add_request, abort and step
+happens there. Coroutines talk to that thread through a thread-safe command queue, and
+the thread answers each request on the request's own asyncio queue, through the request's
+event loop (`call_soon_threadsafe`, once per step and loop, not once per token).
+
+    stream = await engine.add_request(prompt, params, request_id)  # ValueError: refused
+    try:
+        async for output in stream: ...          # cumulative RequestOutputs, last one finished
+    finally:
+        stream.abort()                           # no-op once finished; frees the KV blocks
+
+When no request is unfinished the thread blocks on the command queue: an idle server
+costs nothing. Outputs are cumulative (whole text so far), so a consumer that falls behind
+skips to the newest one and loses nothing. `stats()` is a snapshot the thread publishes
+before it sends anything, so a client that has its answer finds it counted there.
+
+If a step raises, the thread fails every open request with EngineClosedError, re-raises
+(the traceback goes to stderr) and refuses requests from then on, as does `shutdown()`.
+"""
+
+import asyncio
+import queue
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+from tinyvllm.engine import LLMEngine, Prompt
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sequence import RequestOutput
+
+_ACCEPTED = object()  # the first item on a stream's queue when add_request succeeded
+
+
+class EngineClosedError(RuntimeError):
+    """The engine thread has stopped (shut down or failed); no request can be served."""
+
+
+@dataclass
+class _Add:
+    prompt: Prompt
+    params: SamplingParams
+    stream: "RequestStream"
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class RequestStream:
+    """One request's outputs, as an async iterator ending with the finished output."""
+
+    def __init__(self, request_id: str, engine: "AsyncEngine") -> None:
+        self.request_id = request_id
+        self.loop = asyncio.get_running_loop()
+        self.finished = False
+        self._engine = engine
+        self.items: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self.items.get()
+        while not self.items.empty():  # outputs are cumulative: the newest one says it all
+            item = self.items.get_nowait()
+        if isinstance(item, Exception):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def abort(self) -> None:
+        """Stop the request and free its blocks, unless it has finished already."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # the engine thread's own, as is the outbox
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        self._lock = threading.Lock()  # orders "closed" against putting a command
+        self._closed: EngineClosedError | None = None
+        self._thread = threading.Thread(target=self._run, name="tinyvllm-engine", daemon=True)
+        self._counters = {"num_requests_served": 0, "num_requests_aborted": 0, "num_requests_rejected": 0}
+        self._stats = self._snapshot()
+
+    # -- any thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Fail the open requests with EngineClosedError and stop the thread."""
+        with self._lock:
+            if self._closed is None:
+                self._commands.put(_STOP)
+        self._thread.join()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._closed is None and self._thread.is_alive()
+
+    def stats(self) -> dict:
+        """Scheduler state and request counters, as of the engine thread's last iteration."""
+        return dict(self._stats)
+
+    async def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str) -> RequestStream:
+        """Queue a request; returns its stream once the engine has accepted it. Raises the
+        engine's ValueError for a bad request and EngineClosedError once the engine stopped."""
+        stream = RequestStream(request_id, self)
+        self._put(_Add(prompt, params, stream))
+        try:
+            first = await stream.items.get()
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        if isinstance(first, Exception):
+            stream.finished = True
+            raise first
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (a no-op when it has finished); safe from any thread."""
+        with self._lock:
+            if self._closed is None:
+                self._commands.put(_Abort(request_id))
+
+    def _put(self, command) -> None:
+        with self._lock:
+            if self._closed is not None:
+                raise self._closed
+            self._commands.put(command)
+
+    # -- the engine thread --------------------------------------------------------------
+    def _run(self) -> None:
+        stopped = False
+        try:
+            while self._take_commands(block=not self.engine.has_unfinished_requests()):
+                self._send()  # acceptances and refusals go out before the step
+                if self.engine.has_unfinished_requests():
+                    self._route(self.engine.step())
+                    self._send()
+            stopped = True
+        finally:  # however the thread ends, no request may wait for it forever
+            failed = "the engine failed (its traceback is in the server log)"
+            self._close(EngineClosedError("the server is shutting down" if stopped else failed))
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one if `block`); False on the stop command."""
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if command is _STOP:
+                return False
+            if isinstance(command, _Add):
+                self._add(command)
+            elif self._streams.pop(command.request_id, None) is not None:
+                self.engine.abort(command.request_id)
+                self._counters["num_requests_aborted"] += 1
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, command: _Add) -> None:
+        stream = command.stream
+        if stream.request_id in self._streams:
+            self._reject(stream, ValueError(f"request id {stream.request_id!r} is already in use"))
+            return
+        self._streams[stream.request_id] = stream  # from here on, a failing engine still answers it
+        try:
+            self.engine.add_request(command.prompt, command.params, stream.request_id)
+        except ValueError as error:
+            del self._streams[stream.request_id]
+            self._reject(stream, error)
+            return
+        self._post(stream, _ACCEPTED)
+
+    def _reject(self, stream: RequestStream, error: ValueError) -> None:
+        self._counters["num_requests_rejected"] += 1
+        self._post(stream, error)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams[output.request_id]
+            if output.finished:
+                del self._streams[output.request_id]
+                self._counters["num_requests_served"] += 1
+            self._post(stream, output)
+
+    def _post(self, stream: RequestStream, item: object) -> None:
+        """Queue an output, an exception or _ACCEPTED for `stream`; `_send` delivers it."""
+        self._outbox[stream.loop].append((stream.items, item))
+
+    def _send(self) -> None:
+        """Publish the stats, then deliver the outbox: one wake-up per event loop, and whoever
+        reads an item (a finished output, a refusal) finds it counted in the stats already."""
+        self._stats = self._snapshot()
+        for loop, items in self._outbox.items():
+            _call_soon(loop, _put_all, items)
+        self._outbox.clear()
+
+    def _close(self, error: EngineClosedError) -> None:
+        with self._lock:
+            self._closed = error
+        for stream in self._streams.values():
+            self._post(stream, error)
+        self._streams.clear()
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, _Add):
+                self._post(command.stream, error)
+        self._send()
+
+    def _snapshot(self) -> dict:
+        scheduler = self.engine.scheduler
+        return {
+            "num_requests_running": scheduler.num_running,
+            "num_requests_waiting": scheduler.num_waiting,
+            "num_free_blocks": scheduler.num_free_blocks,
+            "num_total_blocks": scheduler.allocator.num_blocks,
+            "num_preemptions": scheduler.num_preemptions,
+            **self._counters,
+        }
+
+
+def _put_all(items: list) -> None:
+    for request_queue, item in items:
+        request_queue.put_nowait(item)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    """loop.call_soon_threadsafe, skipping a loop that has closed: nobody is left to read."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise

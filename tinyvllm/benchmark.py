@@ -1,0 +1,101 @@
+"""Engine benchmarks: the workloads behind `tinyvllm bench` and the perf/ scripts.
+
+Every run feeds random token ids (a prompt's content does not change the work) and
+ignores EOS, so each request computes exactly the tokens asked for. Times are wall clock
+around whole `generate` calls: the engine synchronises with the GPU once per step, so
+the clock sees the GPU's work.
+
+- `decode_latency`: one request; decode tokens/s = (n - 1) / (time(n tokens) - time(1 token)),
+  i.e. the prefill and the first token are subtracted out.
+- `throughput`: the nano-vllm workload: prompt and output lengths uniform in [100, 1024],
+  all requests submitted at once; output tokens/s over the whole run.
+- `prefill_throughput`: many long prompts, one output token each; prompt tokens/s.
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyvllm.engine import LLM
+from tinyvllm.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def params(self) -> list[SamplingParams]:
+        return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in self.output_lens]
+
+
+def random_workload(num_requests: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int],
+                    vocab_size: int, seed: int = 0) -> Workload:
+    """Lengths uniform in the inclusive ranges; token ids uniform over the vocabulary."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab_size, int(rng.integers(prompt_lens[0], prompt_lens[1] + 1))).tolist()
+               for _ in range(num_requests)]
+    outputs = rng.integers(output_lens[0], output_lens[1] + 1, num_requests).tolist()
+    return Workload(prompts, outputs)
+
+
+def nano_vllm_workload(vocab_size: int, num_requests: int = 256, seed: int = 0) -> Workload:
+    return random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed)
+
+
+def timed_generate(llm: LLM, workload: Workload) -> float:
+    """Seconds to run the whole workload."""
+    start = time.perf_counter()
+    outputs = llm.generate(workload.prompts, workload.params())
+    elapsed = time.perf_counter() - start
+    produced = sum(len(output.token_ids) for output in outputs)
+    if produced != workload.output_tokens:
+        raise RuntimeError(f"produced {produced} tokens, expected {workload.output_tokens}")
+    return elapsed
+
+
+def decode_latency(llm: LLM, prompt_len: int = 128, new_tokens: int = 256, repeats: int = 3) -> dict:
+    vocab = llm.engine.config.vocab_size
+    prompt = random_workload(1, (prompt_len, prompt_len), (1, 1), vocab).prompts
+    first = Workload(prompt, [1])
+    full = Workload(prompt, [new_tokens])
+    timed_generate(llm, full)
+    first_s = min(timed_generate(llm, first) for _ in range(repeats))
+    full_s = min(timed_generate(llm, full) for _ in range(repeats))
+    decode_s = full_s - first_s
+    return {
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "time_to_first_token_ms": first_s * 1e3,
+        "decode_ms_per_token": decode_s / (new_tokens - 1) * 1e3,
+        "decode_tok_per_s": (new_tokens - 1) / decode_s,
+    }
+
+
+def throughput(llm: LLM, workload: Workload) -> dict:
+    seconds = timed_generate(llm, workload)
+    return {
+        "requests": len(workload.prompts),
+        "output_tokens": workload.output_tokens,
+        "seconds": seconds,
+        "output_tok_per_s": workload.output_tokens / seconds,
+    }
+
+
+def prefill_throughput(llm: LLM, num_prompts: int = 64, prompt_len: int = 1024) -> dict:
+    vocab = llm.engine.config.vocab_size
+    workload = random_workload(num_prompts, (prompt_len, prompt_len), (1, 1), vocab, seed=1)
+    timed_generate(llm, Workload(workload.prompts[:2], [1, 1]))
+    seconds = timed_generate(llm, workload)
+    tokens = num_prompts * prompt_len
+    return {"prompts": num_prompts, "prompt_len": prompt_len, "seconds": seconds, "prefill_tok_per_s": tokens / seconds}
+
+
+def roofline_tok_per_s(num_parameters: int, bandwidth_bytes_per_s: float = 4.25e12) -> float:
+    """Batch-1 decode reads every bf16 weight once per token: that bounds tokens/s."""
+    return bandwidth_bytes_per_s / (2 * num_parameters)

@@ -1,0 +1,266 @@
+"""The OpenAI API's request fields, checked by hand, and its response shapes.
+
+A request body (a JSON object) becomes a `GenerationRequest`: the prompt (text or token
+ids; a chat's messages go through the model's chat template), the SamplingParams and the
+streaming options. Every problem raises `OpenAIError`, which the server sends back in
+OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, the message naming the field.
+
+Supported: model, prompt / messages, max_tokens (and max_completion_tokens for chat),
+temperature, top_p, stop, seed, stream, stream_options.include_usage, n (1 only), and
+vLLM's extensions top_k, ignore_eos and stop_token_ids. Fields left out (or null) take the
+model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
+max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
+for chat, both capped by the server's limit. One prompt per request: a list of prompts is
+refused (send one request each). Fields tinyvllm cannot honour (logprobs, penalties, tools,
+...) are refused unless they hold their default value; unknown fields are ignored.
+"""
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sequence import RequestOutput
+from tinyvllm.tokenizer import Tokenizer, TokenizerError
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+UNSUPPORTED = {  # field: the values that mean "not used"
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "response_format": ({"type": "text"},),
+}
+FIELDS = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", *UNSUPPORTED,
+}  # fmt: skip
+
+
+class OpenAIError(Exception):
+    """An error response: HTTP status, message, and OpenAI's param / code / type fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(error: ValueError, prompt_field: str = "prompt") -> OpenAIError:
+    """A 400 from a ValueError of SamplingParams or the engine; its message starts with the field it names."""
+    message = str(error)
+    name = re.match(r"\w*", message).group()
+    param = prompt_field if name == "prompt" else name if name in FIELDS else None
+    return OpenAIError(400, message, param=param)
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    prompt_field: str  # "prompt" or "messages": where the engine's prompt errors point
+
+
+def check_model(body: dict, served_model_name: str) -> None:
+    """404 unless `model` is absent or names the served model."""
+    model = body.get("model")
+    if model is not None and model != served_model_name:
+        raise OpenAIError(404, f"The model `{model}` does not exist; this server serves `{served_model_name}`.",
+                          param="model", code="model_not_found")  # fmt: skip
+
+
+def parse_completion(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> GenerationRequest:
+    """A /v1/completions body -> GenerationRequest."""
+    max_tokens = _max_tokens(body, "max_tokens", min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit), max_tokens_limit)
+    return _generation(body, _prompt(body), defaults, max_tokens, "prompt")
+
+
+def parse_chat(
+    body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
+) -> GenerationRequest:
+    """A /v1/chat/completions body -> GenerationRequest, the messages rendered and tokenized."""
+    messages = _messages(body)
+    try:
+        prompt = tokenizer.encode_chat(messages)
+    except (TemplateError, TokenizerError) as error:  # the template's raise_exception, or no template at all
+        raise OpenAIError(400, f"messages: {error}", param="messages") from None
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
+    return _generation(body, prompt, defaults, _max_tokens(body, name, default, max_tokens_limit), "messages")
+
+
+def _generation(
+    body: dict, prompt: str | list[int], defaults: SamplingParams, max_tokens: int, prompt_field: str
+) -> GenerationRequest:
+    for name, unused in UNSUPPORTED.items():
+        if not _is_default(body.get(name), unused):
+            raise OpenAIError(400, f"{name} is not supported by tinyvllm (leave it out)", param=name)
+    if _given(body, "n", 1) != 1:
+        raise OpenAIError(400, f"n must be 1 (tinyvllm returns one choice per request), got {body['n']!r}", param="n")
+    stream = _given(body, "stream", False)
+    if not isinstance(stream, bool):
+        raise OpenAIError(400, f"stream must be a boolean, got {stream!r}", param="stream")
+    try:
+        params = SamplingParams(
+            temperature=_given(body, "temperature", defaults.temperature),
+            top_p=_given(body, "top_p", defaults.top_p),
+            top_k=_given(body, "top_k", defaults.top_k),
+            max_tokens=max_tokens,
+            stop=body.get("stop"),
+            stop_token_ids=body.get("stop_token_ids"),
+            ignore_eos=_given(body, "ignore_eos", False),
+            seed=body.get("seed"),
+        )
+    except ValueError as error:
+        raise bad_request(error) from None
+    return GenerationRequest(prompt, params, stream, _include_usage(body, stream), prompt_field)
+
+
+def _given(body: dict, name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _is_default(value: Any, unused: tuple) -> bool:
+    return value is None or any(type(value) is type(default) and value == default for default in unused)
+
+
+def _max_tokens(body: dict, name: str, default: int, limit: int) -> int:
+    value = _given(body, name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OpenAIError(400, f"{name} must be a positive integer, got {value!r}", param=name)
+    if value > limit:
+        raise OpenAIError(400, f"{name} must be at most {limit} (this server's limit), got {value}", param=name)
+    return value
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise OpenAIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+    include_usage = options.get("include_usage", False) if isinstance(options, dict) else None
+    if not isinstance(include_usage, bool):
+        raise OpenAIError(400, f"stream_options must be an object like {{\"include_usage\": true}}, got {options!r}",
+                          param="stream_options")  # fmt: skip
+    return include_usage
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_token_id(t) for t in prompt)):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
+        message = "prompt: a list of prompts is not supported; send one request per prompt"
+        raise OpenAIError(400, message, param="prompt")
+    raise OpenAIError(400, f"prompt must be a string or a list of token ids, got {_kind(prompt)}", param="prompt")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _messages(body: dict) -> list[dict]:
+    """[{role, content}] with text content; content parts {"type": "text", "text"} are joined by newlines."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, f"messages must be a non-empty list of {{role, content}} objects, got {_kind(messages)}",
+                          param="messages")  # fmt: skip
+    checked = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise OpenAIError(400, f"{where} must be an object with a string role", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(_text_part(part, f"{where}.content[{number}]") for number, part in enumerate(content))
+        elif not isinstance(content, (str, type(None))):
+            raise OpenAIError(400, f"{where}.content must be a string or a list of text parts", param="messages")
+        checked.append({"role": message["role"], "content": content or ""})
+    return checked
+
+
+def _text_part(part: Any, where: str) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+        raise OpenAIError(400, f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported",
+                          param="messages")  # fmt: skip
+    return part["text"]
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+# -- responses ----------------------------------------------------------------------------
+def usage(output: RequestOutput) -> dict:
+    prompt_tokens, completion_tokens = len(output.prompt_token_ids), len(output.token_ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+
+
+class CompletionsAPI:
+    """/v1/completions: choices carry `text`."""
+
+    id_prefix = "cmpl"
+    object = "text_completion"
+    chunk_object = "text_completion"
+
+    @staticmethod
+    def choice(text: str, finish_reason: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    chunk_choice = choice
+
+    @staticmethod
+    def first_chunk_choice() -> dict | None:
+        return None
+
+
+class ChatAPI:
+    """/v1/chat/completions: choices carry a `message`, stream chunks a `delta`."""
+
+    id_prefix = "chatcmpl"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    @staticmethod
+    def choice(text: str, finish_reason: str | None) -> dict:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+    @staticmethod
+    def chunk_choice(text: str, finish_reason: str | None) -> dict:
+        delta = {"content": text} if text or finish_reason is None else {}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    @staticmethod
+    def first_chunk_choice() -> dict | None:
+        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+API = type[CompletionsAPI] | type[ChatAPI]
+
+
+def response_head(api: API, request_id: str, model: str, chunk: bool) -> dict:
+    return {"id": request_id, "object": api.chunk_object if chunk else api.object, "created": int(time.time()),
+            "model": model}  # fmt: skip

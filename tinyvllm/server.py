@@ -1,0 +1,261 @@
+"""An OpenAI-compatible HTTP server (`tinyvllm serve`): Starlette on uvicorn, over AsyncEngine.
+
+    GET  /v1/models            the one served model
+    POST /v1/completions       prompt (text or token ids) -> text
+    POST /v1/chat/completions  messages -> assistant message
+    GET  /health               200 while the engine thread runs, else 503
+    GET  /metrics              JSON: running / waiting requests, free / total KV blocks,
+                               requests served / aborted / rejected, preemptions
+
+Both generation endpoints stream server-sent events with `"stream": true` (one chunk per
+step that made text final, then `data: [DONE]`), and answer with one JSON object otherwise.
+Request fields are described in `tinyvllm.protocol`. Errors come in OpenAI's shape: 400 for
+a bad field or malformed JSON, 404 for another model's name, 413 for a body over the limit,
+503 once the engine has stopped. A client that goes away aborts its request, freeing its
+KV blocks at once, streaming or not.
+
+While streaming, text that could be the start of a stop string is held back until the
+next tokens tell (the engine cuts a stop string when it completes), so the streamed
+deltas always add up to the non-streamed text.
+
+The server has no authentication: it binds 127.0.0.1 unless told otherwise.
+"""
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tinyvllm.async_engine import AsyncEngine, EngineClosedError, RequestStream
+from tinyvllm.detokenizer import partial_stop_length
+from tinyvllm.engine import LLMEngine
+from tinyvllm.protocol import (
+    API, ChatAPI, CompletionsAPI, GenerationRequest, OpenAIError, bad_request, check_model, parse_chat,
+    parse_completion, response_head, usage,
+)  # fmt: skip
+from tinyvllm.sequence import RequestOutput
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+GRACEFUL_SHUTDOWN_S = 5  # then open streams are cut
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobody reads it
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    served_model_name: str
+    max_tokens_limit: int  # the most max_tokens a request may ask for
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_limit", "max_body_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class OpenAIServer:
+    def __init__(self, engine: AsyncEngine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.defaults = engine.engine.default_sampling_params()
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health),
+            Route("/metrics", self.metrics),
+            Route("/v1/models", self.models),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+        ]
+        handlers = {OpenAIError: _error_response, HTTPException: _http_error, EngineClosedError: _engine_closed}
+        return Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette):
+        self.engine.start()
+        yield
+        await asyncio.to_thread(self.engine.shutdown)
+
+    # -- endpoints ----------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        if not self.engine.is_alive:
+            raise EngineClosedError("the engine is not running")
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(self, request: Request) -> Response:
+        return JSONResponse(self.engine.stats())
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.config.served_model_name, "object": "model", "created": self.created,
+                 "owned_by": "tinyvllm", "max_model_len": self.engine.engine.max_model_len}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def completions(self, request: Request) -> Response:
+        body = await read_json(request, self.config.max_body_bytes)
+        check_model(body, self.config.served_model_name)
+        generation = parse_completion(body, self.defaults, self.config.max_tokens_limit)
+        return await self._generate(request, CompletionsAPI, generation)
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await read_json(request, self.config.max_body_bytes)
+        check_model(body, self.config.served_model_name)
+        engine = self.engine.engine
+        limit = self.config.max_tokens_limit
+        generation = parse_chat(body, self.defaults, limit, engine.tokenizer, engine.max_model_len)
+        return await self._generate(request, ChatAPI, generation)
+
+    async def _generate(self, request: Request, api: API, generation: GenerationRequest) -> Response:
+        request_id = f"{api.id_prefix}-{uuid.uuid4().hex}"
+        try:
+            stream = await self.engine.add_request(generation.prompt, generation.params, request_id)
+        except ValueError as error:
+            raise bad_request(error, generation.prompt_field) from None
+        head = response_head(api, request_id, self.config.served_model_name, chunk=generation.stream)
+        if generation.stream:
+            return _EventStream(stream_events(api, head, stream, generation), stream)
+        try:
+            output = await _final_output(request, stream)
+        finally:
+            stream.abort()
+        if output is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        choice = api.choice(output.text, output.finish_reason)
+        return JSONResponse({**head, "choices": [choice], "usage": usage(output)})
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object; 413 past `limit` bytes (read no further), 400 if not a JSON object."""
+    too_large = OpenAIError(413, f"the request body is larger than this server's limit of {limit} bytes",
+                            code="request_too_large")  # fmt: skip
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as error:  # RecursionError: absurdly deep nesting
+        raise OpenAIError(400, f"the request body is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise OpenAIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+async def _final_output(request: Request, stream: RequestStream) -> RequestOutput | None:
+    """The finished output, or None when the client disconnects first."""
+    collect = asyncio.ensure_future(_last_output(stream))
+    disconnect = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait((collect, disconnect), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        collect.cancel()  # a no-op on a finished task
+        disconnect.cancel()
+    return collect.result() if collect in done else None
+
+
+async def _last_output(stream: RequestStream) -> RequestOutput:
+    async for output in stream:
+        last = output
+    return last
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def stream_events(
+    api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
+) -> AsyncIterator[bytes]:
+    """The SSE chunks of one request's outputs: deltas of final text, the finish reason, usage, [DONE]."""
+    stop = generation.params.stop
+    extra = {"usage": None} if generation.include_usage else {}
+    first = api.first_chunk_choice()
+    if first is not None:
+        yield _event({**head, "choices": [first], **extra})
+    sent = ""
+    try:
+        async for output in outputs:
+            text = output.text
+            if not output.finished:
+                text = text[: len(text) - partial_stop_length(text, stop)]
+            if len(text) > len(sent) or output.finished:
+                yield _event({**head, "choices": [api.chunk_choice(text[len(sent) :], output.finish_reason)], **extra})
+                sent = text
+        if generation.include_usage:
+            yield _event({**head, "choices": [], "usage": usage(output)})
+    except EngineClosedError as error:
+        yield _event(OpenAIError(503, str(error)).body())
+    yield b"data: [DONE]\n\n"
+
+
+def _event(value: dict) -> bytes:
+    return b"data: " + json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that abort their request however the response ends: finished,
+    client gone (Starlette cancels the stream), or an error."""
+
+    def __init__(self, events: AsyncIterator[bytes], stream: RequestStream) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.request_stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.request_stream.abort()
+
+
+async def _error_response(request: Request, error: OpenAIError) -> Response:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    return await _error_response(request, OpenAIError(error.status_code, message))
+
+
+async def _engine_closed(request: Request, error: EngineClosedError) -> Response:
+    return await _error_response(request, OpenAIError(503, str(error)))
+
+
+def run_server(
+    model: str | Path | None,
+    engine_kwargs: dict,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    served_model_name: str | None = None,
+    max_tokens_limit: int | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
+    """Load the model, then serve until interrupted. max_tokens_limit defaults to max_model_len."""
+    import uvicorn
+
+    engine = LLMEngine(model, **engine_kwargs)
+    config = ServerConfig(
+        served_model_name=served_model_name or engine.model_dir.name,
+        max_tokens_limit=engine.max_model_len if max_tokens_limit is None else max_tokens_limit,
+        max_body_bytes=max_body_bytes,
+    )
+    app = OpenAIServer(AsyncEngine(engine), config).app()
+    uvicorn.run(app, host=host, port=port, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
