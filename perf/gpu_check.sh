@@ -32,7 +32,8 @@ for stage in $stages; do
         --ignore=tests/test_hub.py --ignore=tests/test_default_model.py \
         --ignore=tests/test_llama3_tokenizer.py --ignore=tests/test_gguf.py \
         --ignore=tests/test_server.py --ignore=tests/test_server_load.py \
-        --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py ;;
+        --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py \
+        --ignore=tests/test_docs.py ;;
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done ;;
     engine)

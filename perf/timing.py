@@ -54,6 +54,7 @@ def _flush_buffer():
     return cuda.device_array(FLUSH_BYTES // 4, dtype=np.uint32)
 
 
+# --8<-- [start:median]
 def _prepare(run: int, stream) -> None:
     buffer = _flush_buffer()
     _flush_kernel[1024, THREADS, stream](buffer, np.uint32(run))
@@ -74,6 +75,7 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
         events.append((start, end))
     cuda.synchronize()
     return statistics.median(cuda.event_elapsed_time(start, end) for start, end in events)
+# --8<-- [end:median]
 
 
 def _git_revision() -> str:

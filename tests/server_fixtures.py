@@ -24,7 +24,7 @@ from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
-TINY_MODEL_OVERRIDES = {**TINY_OVERRIDES, "tie_word_embeddings": False, "max_position_embeddings": 8192}
+TINY_MODEL_OVERRIDES = {**TINY_OVERRIDES, "max_position_embeddings": 8192}
 STARTUP_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 15
 

@@ -148,6 +148,7 @@ def test_chat_prompts_tokenize_like_transformers_gguf_tokenizer(chat_tokenizers)
         assert tinyvllm_tokenizer.decode(expected) == reference.decode(expected)
 
 
+# --8<-- [start:greedy-parity]
 def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_tokenizers):
     reference, ours = transformers_models
     reference_tokenizer, _, _ = chat_tokenizers
@@ -162,3 +163,4 @@ def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_t
         assert torch.equal(actual, expected), prompt
         answers.append(reference_tokenizer.decode(actual[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
     assert "Paris" in answers[0]
+# --8<-- [end:greedy-parity]

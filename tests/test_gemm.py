@@ -103,6 +103,7 @@ def test_every_backend_computes_the_same_product(problem):
         assert relative_error(result, results["cublas"]) <= FLOAT32_TOLERANCE, name
 
 
+# --8<-- [start:capture]
 @pytest.mark.gpu
 def test_cublas_is_captured_in_a_cuda_graph():
     import cupy
@@ -122,6 +123,7 @@ def test_cublas_is_captured_in_a_cuda_graph():
     graph.launch(capture_stream)
     capture_stream.synchronize()
     assert relative_error(out.copy_to_host(), expected(x.copy_to_host(), weight.copy_to_host())) <= FLOAT32_TOLERANCE
+# --8<-- [end:capture]
 
 
 def _valid_arguments():

@@ -12,6 +12,7 @@ from tinyvllm.kernels.bf16 import to_bf16
 from tinyvllm.kernels.rmsnorm import MAX_HIDDEN, rmsnorm
 
 
+# --8<-- [start:property]
 @st.composite
 def problems(draw):
     tokens = draw(st.integers(1, pick(3, 200)))
@@ -51,6 +52,7 @@ def test_residual_add_then_rmsnorm_matches_reference(problem):
     # The stored residual is the sum rounded to bf16 once.
     np.testing.assert_array_equal(new_residual, to_bf16(expected_residual))
     _assert_rows_close(widen(out), expected_out)
+# --8<-- [end:property]
 
 
 def test_rmsnorm_of_a_zero_row_is_zero():

@@ -30,6 +30,7 @@ def next_token(context) -> int:
     return zlib.crc32(np.asarray(context, dtype=np.int64).tobytes()) % VOCAB
 
 
+# --8<-- [start:fake-model]
 class FakePagedModel:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
@@ -56,6 +57,7 @@ class FakePagedModel:
     def step(self, batch: ScheduledBatch) -> np.ndarray:
         contexts = self.forward(batch)
         return np.array([next_token(c) for c, s in zip(contexts, batch.samples) if s], dtype=np.int64)
+# --8<-- [end:fake-model]
 
 
 def reference_generation(prompt: list[int], params: SamplingParams, max_model_len: int):

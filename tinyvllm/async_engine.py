@@ -143,6 +143,7 @@ class AsyncEngine:
             self._commands.put(command)
 
     # -- the engine thread --------------------------------------------------------------
+    # --8<-- [start:run]
     def _run(self) -> None:
         stopped = False
         try:
@@ -174,6 +175,7 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
+    # --8<-- [end:run]
 
     def _add(self, command: _Add) -> None:
         stream = command.stream

@@ -21,6 +21,7 @@ import numpy as np
 
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.bf16 import from_bf16, to_bf16
+from tinyvllm.kernels.rng import gumbel_noise
 
 ACTIVATION_DTYPES = ("bf16", "float32")
 
@@ -29,6 +30,7 @@ class NumpyBackend:
     """The NumPy reference operators behind the kernel signatures (host memory)."""
 
     name = "numpy"
+    can_capture_graphs = False
 
     def __init__(self, activation_dtype: str = "float32"):
         if activation_dtype not in ACTIVATION_DTYPES:
@@ -45,6 +47,9 @@ class NumpyBackend:
 
     def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
 
     def upload(self, host: np.ndarray, device: np.ndarray) -> None:
         device[...] = host
@@ -108,12 +113,13 @@ class NumpyBackend:
         self.prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out)
 
     def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:
-        """Greedy rows take the argmax; the others draw from the filtered distribution
-        with a generator keyed by (seed, position), so a recomputed token is the same."""
+        """Greedy rows take the argmax; the others the Gumbel-max draw over the filtered
+        distribution, with the kernel's noise for (seed, position): the same token the GPU
+        draws (up to float rounding), and the same again when a sequence is recomputed."""
         for row in range(logits.shape[0]):
             if temperature[row] == 0:
                 out[row] = reference.argmax(logits[row])
                 continue
             probs = reference.sampling_probs(logits[row], temperature[row], top_k[row], top_p[row])
-            generator = np.random.Generator(np.random.Philox(key=int(seeds[row]), counter=int(positions[row])))
-            out[row] = generator.choice(probs.size, p=probs)
+            noise = gumbel_noise(int(seeds[row]), int(positions[row]), probs.size)
+            out[row] = np.argmax(np.where(probs > 0, logits[row] / temperature[row] + noise, -np.inf))

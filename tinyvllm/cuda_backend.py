@@ -7,7 +7,8 @@ on the CPU (the engine tests use that).
 """
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
+from numba.cuda.cudadrv.driver import device_memset
 
 from tinyvllm.kernels import activation, attention_decode, attention_prefill, embedding, kv_cache, rmsnorm, rope
 from tinyvllm.kernels import sampling
@@ -19,8 +20,15 @@ class CudaBackend:
     activation_dtype = np.dtype(np.uint16)
 
     def __init__(self, linear_backend: str = "auto"):
-        self.stream = cuda.stream()
         self.linear_backend = linear_backend
+        self.can_capture_graphs = not config.ENABLE_CUDASIM
+        if self.can_capture_graphs:
+            import cupy
+
+            self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
+            self.stream = cuda.external_stream(self.cupy_stream.ptr)
+        else:
+            self.stream = cuda.stream()
 
     # -- memory -----------------------------------------------------------------
     def weight(self, bits: np.ndarray):
@@ -32,6 +40,14 @@ class CudaBackend:
     def empty(self, shape: tuple[int, ...], dtype):
         return cuda.device_array(shape, dtype=dtype, stream=self.stream)
 
+    def zeros(self, shape: tuple[int, ...], dtype):
+        array = self.empty(shape, dtype)
+        if config.ENABLE_CUDASIM:
+            array.copy_to_device(np.zeros(shape, dtype))
+        else:
+            device_memset(array, 0, array.nbytes, stream=self.stream)
+        return array
+
     def upload(self, host: np.ndarray, device) -> None:
         device.copy_to_device(np.ascontiguousarray(host), stream=self.stream)
 
@@ -42,6 +58,15 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def begin_capture(self) -> None:
+        self.cupy_stream.begin_capture()
+
+    def end_capture(self):
+        return self.cupy_stream.end_capture()
+
+    def launch_graph(self, graph) -> None:
+        graph.launch(stream=self.cupy_stream)
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
@@ -76,7 +101,12 @@ class CudaBackend:
         )
 
     def decode_scratch(self, max_seqs: int, config):
-        return attention_decode.DecodeScratch.allocate(max_seqs, config.num_attention_heads, config.head_dim)
+        """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
+        shape = attention_decode.decode_workspace_shape(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            attention_decode.multiprocessor_count(),
+        )
+        return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
         attention_decode.decode_attention(

@@ -31,6 +31,7 @@ REPLACEMENT_CHARACTER = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET
 
 
+# --8<-- [start:incremental]
 class IncrementalDetokenizer:
     """One sequence's streaming decoder. `text` is everything emitted so far."""
 
@@ -68,6 +69,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.text += new_text
         return new_text
+# --8<-- [end:incremental]
 
 
 def find_stop_string(text: str, stop: Sequence[str], num_new_chars: int) -> tuple[int, str] | None:

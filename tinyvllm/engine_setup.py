@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from tinyvllm.backend import NumpyBackend
 from tinyvllm.config import ModelConfig
 from tinyvllm.hardware import has_cuda_gpu
-from tinyvllm.runner import ModelRunner, RunnerLimits, kv_block_bytes
+from tinyvllm.runner import ModelRunner, kv_block_bytes
+from tinyvllm.step import RunnerLimits
 
 BACKENDS = ("auto", "cuda", "numpy")
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
+# --8<-- [start:engine-args]
 @dataclass(kw_only=True)
 class EngineArgs:
     mode: str = "continuous"
@@ -34,6 +36,7 @@ class EngineArgs:
     enforce_eager: bool = False
     activation_dtype: str = "float32"
     cpu_kv_cache_gib: float = 1.0
+# --8<-- [end:engine-args]
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -75,6 +78,7 @@ def make_backend(args: EngineArgs):
     return NumpyBackend(args.activation_dtype)
 
 
+# --8<-- [start:kv-sizing]
 def build_runner(config: ModelConfig, weights, args: EngineArgs) -> tuple[ModelRunner, RunnerLimits]:
     limits = args.limits(config)
     backend = make_backend(args)
@@ -93,4 +97,7 @@ def build_runner(config: ModelConfig, weights, args: EngineArgs) -> tuple[ModelR
             f"({block_bytes} bytes per block)"
         )
     runner.allocate_kv_cache(num_blocks)
+    if backend.can_capture_graphs and not args.enforce_eager:
+        runner.capture_decode_graphs()
     return runner, limits
+# --8<-- [end:kv-sizing]

@@ -95,11 +95,13 @@ def hf_tensor_name(gguf_name: str, source: Path | str = "GGUF") -> str:
     return f"model.layers.{match[1]}.{_LAYER_NAMES[match[2]]}.weight"
 
 
+# --8<-- [start:undo-rope-permutation]
 def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Inverse of llama.cpp's `w.reshape(n_head, 2, d // 2, ...).swapaxes(1, 2)` on Q/K rows."""
     half = weight.shape[0] // num_heads // 2
     per_head = weight.reshape(num_heads, half, 2, *weight.shape[1:])
     return np.ascontiguousarray(per_head.swapaxes(1, 2).reshape(weight.shape))
+# --8<-- [end:undo-rope-permutation]
 
 
 def llama_config(metadata: dict, tied: bool, source: Path | str = "GGUF") -> dict:

@@ -53,6 +53,7 @@ class BlockAllocator:
     def can_allocate(self, n: int) -> bool:
         return n <= self._top
 
+    # --8<-- [start:allocate-free]
     def allocate(self, n: int) -> np.ndarray:
         """n free block ids (int32), each now with one owner; OutOfBlocks if fewer are free."""
         if n < 0:
@@ -82,6 +83,7 @@ class BlockAllocator:
         released = ids[self._ref_counts[ids] == 0]
         self._free_stack[self._top : self._top + released.size] = released
         self._top += released.size
+    # --8<-- [end:allocate-free]
 
     def _checked(self, block_ids) -> np.ndarray:
         block_ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)

@@ -64,6 +64,7 @@ class LayerWeights:
     down_proj: object
 
 
+# --8<-- [start:workspace]
 class Workspace:
     """The activation buffers of the largest step, allocated once."""
 
@@ -84,6 +85,7 @@ class Workspace:
         self.sampled_normed = backend.empty((max_sampled, hidden), dtype)
         self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
         self.decode_scratch = backend.decode_scratch(max_tokens, config)
+# --8<-- [end:workspace]
 
 
 class LlamaModel:
@@ -112,6 +114,7 @@ class LlamaModel:
             down_proj=backend.weight(weights[prefix + "mlp.down_proj.weight"]),
         )
 
+    # --8<-- [start:forward]
     def forward(self, step: StepInputs, kv_arena, ws: Workspace):
         """Run one step; returns the float32 logits of the sampled rows (a workspace view)."""
         ops, eps = self.backend, self.config.rms_norm_eps
@@ -169,3 +172,4 @@ class LlamaModel:
         ops.rmsnorm(sampled_x, self.norm, eps, sampled_normed, residual=sampled_residual)
         ops.linear(sampled_normed, self.lm_head, logits)
         return logits
+    # --8<-- [end:forward]

@@ -2,127 +2,23 @@
 sampling sequence.
 
 The runner owns everything on the device: the model's weights, the KV arena, the
-activation workspace and the step metadata. For each step it builds the metadata on the
-host with NumPy (token ids, positions, slot mapping, block tables, context lengths,
-prefill offsets, which rows sample, sampling parameters), uploads it into persistent
-buffers, runs the forward and the sampler, and synchronises with the host once, to read
-the sampled tokens back.
+activation workspace and the step metadata (`step.py`). For each step it builds the
+metadata on the host with NumPy, uploads it into persistent buffers, runs the forward and
+the sampler, and synchronises with the host once, to read the sampled tokens back.
+Decode-only steps replay a captured CUDA graph when the backend can capture
+(`cuda_graphs.py`).
 """
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from tinyvllm.config import ModelConfig
+from tinyvllm.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.memory import blocks_needed
 from tinyvllm.model import LlamaModel, StepInputs, Workspace
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.scheduler import ScheduledBatch
 from tinyvllm.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class RunnerLimits:
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return -(-self.max_model_len // self.block_size)
-
-
-@dataclass
-class HostStep:
-    """One step's metadata on the host; `StepInputs` holds the same on the device."""
-
-    token_ids: np.ndarray
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    block_tables: np.ndarray
-    context_lens: np.ndarray
-    prefill_cu_seqlens: np.ndarray
-    sample_rows: np.ndarray
-    temperature: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-    seeds: np.ndarray
-    sample_positions: np.ndarray
-    num_decode: int
-
-
-def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) -> HostStep:
-    """NumPy metadata for a batch whose decode sequences come first.
-
-    Each scheduled sequence computes tokens [start, start + n) of its token list, where
-    start = num_computed_tokens; the last of them samples if the batch says so.
-    """
-    seqs, counts = batch.seqs, batch.num_scheduled_tokens.astype(np.int64)
-    starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
-    ends = starts + counts
-    row_ends = np.cumsum(counts)
-    positions = np.arange(int(row_ends[-1]), dtype=np.int64) - np.repeat(row_ends - counts - starts, counts)
-    token_ids = np.concatenate([seq.token_ids[start:end] for seq, start, end in zip(seqs, starts, ends)])
-    block_tables = np.zeros((len(seqs), max_blocks_per_seq), dtype=np.int32)
-    for row, seq in enumerate(seqs):
-        block_tables[row, : len(seq.block_table)] = seq.block_table
-    seq_of_row = np.repeat(np.arange(len(seqs)), counts)
-    slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
-    sampling = [seq for seq, samples in zip(seqs, batch.samples) if samples]
-    params = [seq.sampling_params for seq in sampling]
-    return HostStep(
-        token_ids=np.asarray(token_ids, dtype=np.int32),
-        positions=positions.astype(np.int32),
-        slot_mapping=slot_mapping.astype(np.int32),
-        block_tables=block_tables,
-        context_lens=ends.astype(np.int32),
-        prefill_cu_seqlens=np.concatenate([[0], np.cumsum(counts[batch.num_decodes :])]).astype(np.int32),
-        sample_rows=(row_ends - 1)[batch.samples].astype(np.int32),
-        temperature=np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
-        top_k=np.array([p.top_k for p in params], dtype=np.int32),
-        top_p=np.array([p.top_p for p in params], dtype=np.float32),
-        seeds=np.array([seq.seed for seq in sampling], dtype=np.uint64),
-        sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
-        num_decode=batch.num_decodes,
-    )
-
-
-class StepBuffers:
-    """Persistent device buffers for the step metadata, sized for the largest step."""
-
-    def __init__(self, backend, limits: RunnerLimits):
-        tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
-        self.backend = backend
-        self.arrays = {
-            "token_ids": backend.empty((tokens,), np.int32),
-            "positions": backend.empty((tokens,), np.int32),
-            "slot_mapping": backend.empty((tokens,), np.int32),
-            "block_tables": backend.empty((seqs, limits.max_blocks_per_seq), np.int32),
-            "context_lens": backend.empty((seqs,), np.int32),
-            "prefill_cu_seqlens": backend.empty((seqs + 1,), np.int32),
-            "sample_rows": backend.empty((seqs,), np.int32),
-            "temperature": backend.empty((seqs,), np.float32),
-            "top_k": backend.empty((seqs,), np.int32),
-            "top_p": backend.empty((seqs,), np.float32),
-            "seeds": backend.empty((seqs,), np.uint64),
-            "sample_positions": backend.empty((seqs,), np.int64),
-        }
-        self.sampled = backend.empty((seqs,), np.int32)
-
-    def upload(self, step: HostStep) -> StepInputs:
-        """Copy the step's metadata into the leading part of each buffer; return the views."""
-        views = {}
-        for name, buffer in self.arrays.items():
-            host = getattr(step, name)
-            views[name] = buffer[: host.shape[0]]
-            self.backend.upload(host, views[name])
-        return StepInputs(
-            **views,
-            num_tokens=step.token_ids.shape[0],
-            num_decode=step.num_decode,
-            num_prefill_seqs=step.context_lens.shape[0] - step.num_decode,
-        )
+from tinyvllm.step import HostStep, RunnerLimits, StepBuffers, build_step
 
 
 class ModelRunner:
@@ -135,13 +31,37 @@ class ModelRunner:
         self.buffers = StepBuffers(backend, limits)
         self.num_blocks = 0
         self.kv_arena = None
+        self.graphs: DecodeGraphs | None = None
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The arena, zeroed: padding rows of a graph replay read block 0 and must find numbers there."""
         self.num_blocks = num_blocks
-        self.kv_arena = self.backend.empty(
+        self.kv_arena = self.backend.zeros(
             kv_arena_shape(self.config, num_blocks, self.limits.block_size), self.backend.activation_dtype
         )
 
+    def capture_decode_graphs(self) -> None:
+        """Capture the decode step for every batch-size bucket (after the arena exists)."""
+        graphs = DecodeGraphs(self, graph_buckets(self.limits.max_num_seqs))
+        template = HostStep(
+            token_ids=np.zeros(1, np.int32),
+            positions=np.zeros(1, np.int32),
+            slot_mapping=np.full(1, -1, np.int32),
+            block_tables=np.zeros((1, self.limits.max_blocks_per_seq), np.int32),
+            context_lens=np.ones(1, np.int32),
+            prefill_cu_seqlens=np.zeros(1, np.int32),
+            sample_rows=np.zeros(1, np.int32),
+            temperature=np.zeros(1, np.float32),
+            top_k=np.full(1, -1, np.int32),
+            top_p=np.ones(1, np.float32),
+            seeds=np.zeros(1, np.uint64),
+            sample_positions=np.zeros(1, np.int64),
+            num_decode=1,
+        )
+        graphs.capture(template)
+        self.graphs = graphs
+
+    # --8<-- [start:warm-up]
     def warm_up(self) -> None:
         """One largest prefill and one decode on a scratch arena: compiles every kernel and
         touches every buffer, so what memory is free afterwards is free for KV blocks."""
@@ -155,17 +75,26 @@ class ModelRunner:
         self.execute(_single(seq, 1))
         self.kv_arena = None
         self.num_blocks = 0
+    # --8<-- [end:warm-up]
 
+    # --8<-- [start:execute]
     def execute(self, batch: ScheduledBatch) -> np.ndarray:
         """Run one scheduled batch; return the sampled token of each sampling sequence."""
         step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq)
-        inputs = self.buffers.upload(step)
+        decode_only = step.num_decode == step.context_lens.shape[0]
+        if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
+            return self.graphs.replay(step)
+        return self.backend.download(self.forward_and_sample(self.buffers.upload(step)))
+
+    def forward_and_sample(self, inputs: StepInputs):
+        """The device work of a step (what a graph captures); returns the sampled-token view."""
         logits = self.model.forward(inputs, self.kv_arena, self.workspace)
-        sampled = self.buffers.sampled[: step.sample_rows.shape[0]]
+        sampled = self.buffers.sampled[: inputs.sample_rows.shape[0]]
         self.backend.sample(
             logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled
         )
-        return self.backend.download(sampled)
+        return sampled
+    # --8<-- [end:execute]
 
 
 def _single(seq: Sequence, num_tokens: int) -> ScheduledBatch:
@@ -177,6 +106,7 @@ def _single(seq: Sequence, num_tokens: int) -> ScheduledBatch:
     )
 
 
+# --8<-- [start:arena-shape]
 def kv_arena_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
     """[layers, K|V, blocks, block_size, kv_heads, head_dim]: one block id serves every layer."""
     return (config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
@@ -184,3 +114,4 @@ def kv_arena_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tup
 
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype) -> int:
     return int(np.prod(kv_arena_shape(config, 1, block_size))) * np.dtype(dtype).itemsize
+# --8<-- [end:arena-shape]

@@ -16,6 +16,7 @@ GREEDY_TEMPERATURE = 1e-5
 SEED_LIMIT = 2**63
 
 
+# --8<-- [start:fields]
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -26,6 +27,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+# --8<-- [end:fields]
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)

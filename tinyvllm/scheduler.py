@@ -112,6 +112,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
 
+    # --8<-- [start:add]
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; ValueError if it could never run to completion."""
         if seq.request_id in self._unfinished:
@@ -132,6 +133,7 @@ class Scheduler:
             )
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq
+    # --8<-- [end:add]
 
     def abort(self, request_id: str) -> bool:
         """Finish a waiting or running request now, freeing its blocks; False if not unfinished."""
@@ -158,6 +160,7 @@ class Scheduler:
         del self._unfinished[seq.request_id]
         self._static_batch.discard(seq.request_id)
 
+    # --8<-- [start:schedule]
     def schedule(self) -> ScheduledBatch | None:
         """Pick this step's sequences and token counts, allocating their blocks; None when
         no request is unfinished."""
@@ -191,6 +194,7 @@ class Scheduler:
             samples=np.array([seq.num_computed_tokens + n == seq.num_tokens for seq, n in scheduled]),
             num_decodes=len(decodes),
         )
+    # --8<-- [end:schedule]
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: np.ndarray) -> list[Sequence]:
         """Record a step: advance num_computed_tokens, append one sampled token per sampling
@@ -228,6 +232,7 @@ class Scheduler:
             return "length"
         return None
 
+    # --8<-- [start:grow]
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Extend seq's block table to hold num_tokens tokens; False if blocks are short."""
         missing = blocks_needed(num_tokens, self.config.block_size) - len(seq.block_table)
@@ -237,7 +242,9 @@ class Scheduler:
             return False
         seq.block_table.extend(self.allocator.allocate(missing).tolist())
         return True
+    # --8<-- [end:grow]
 
+    # --8<-- [start:preempt]
     def _preempt(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)
         seq.block_table = []
@@ -245,7 +252,9 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+    # --8<-- [end:preempt]
 
+    # --8<-- [start:admit]
     def _admit(self, budget: int, decodes: list, prefills: list) -> None:
         """Move waiting sequences (from the front, in order) to running as limits allow."""
         static = self.config.mode == "static"
@@ -272,6 +281,7 @@ class Scheduler:
                 break
             free -= need
             self._static_batch.add(seq.request_id)
+    # --8<-- [end:admit]
 
     @staticmethod
     def _place(seq: Sequence, num_new: int, decodes: list, prefills: list) -> None:

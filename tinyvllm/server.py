@@ -181,6 +181,7 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
+# --8<-- [start:stream-events]
 async def stream_events(
     api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
 ) -> AsyncIterator[bytes]:
@@ -204,6 +205,7 @@ async def stream_events(
     except EngineClosedError as error:
         yield _event(OpenAIError(503, str(error)).body())
     yield b"data: [DONE]\n\n"
+# --8<-- [end:stream-events]
 
 
 def _event(value: dict) -> bytes:

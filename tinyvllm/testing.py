@@ -28,6 +28,7 @@ from tinyvllm.config import ModelConfig
 from tinyvllm.hub import cache_dir, fetch_llama3_2_tokenizer
 from tinyvllm.weights import save_safetensors, weight_shapes
 
+# --8<-- [start:llama-3-2-1b-config]
 LLAMA_3_2_1B_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "attention_bias": False,
@@ -60,7 +61,9 @@ LLAMA_3_2_1B_CONFIG = {
     "use_cache": True,
     "vocab_size": 128256,
 }
+# --8<-- [end:llama-3-2-1b-config]
 TINY_OVERRIDES = {
+    "tie_word_embeddings": False,
     "num_hidden_layers": 2,
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -71,7 +74,9 @@ TINY_OVERRIDES = {
     "max_position_embeddings": 512,
     "rope_scaling": dict(LLAMA_3_2_1B_CONFIG["rope_scaling"], original_max_position_embeddings=64),
 }
-"""Overrides for a tiny model (0.1 M parameters) that runs anywhere; pair with tokenizer="bytes"."""
+"""Overrides for a tiny model (0.1 M parameters) that runs anywhere; pair with tokenizer="bytes".
+Its LM head is untied: a tied head makes a random model repeat its last token, which would
+let greedy comparisons pass on broken code."""
 
 GENERATION_CONFIG = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
 BOS_TOKEN = "<|begin_of_text|>"

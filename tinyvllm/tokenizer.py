@@ -105,6 +105,7 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    # --8<-- [start:chat]
     def apply_chat_template(
         self, messages: Sequence[dict], add_generation_prompt: bool = True, **template_kwargs
     ) -> str:
@@ -124,6 +125,7 @@ class Tokenizer:
         """Prompt ids for a chat: the rendered template encoded without adding special tokens."""
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
         return self.encode(text, add_special_tokens=False)
+    # --8<-- [end:chat]
 
 
 def _token_content(value) -> str:
@@ -158,6 +160,7 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
+# --8<-- [start:jinja]
 @functools.cache
 def _compile(chat_template: str) -> jinja2.Template:
     environment = ImmutableSandboxedEnvironment(
@@ -167,3 +170,4 @@ def _compile(chat_template: str) -> jinja2.Template:
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment.from_string(chat_template)
+# --8<-- [end:jinja]

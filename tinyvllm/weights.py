@@ -80,6 +80,7 @@ class Weights(dict):
         self.unexpected = unexpected
 
 
+# --8<-- [start:read-header]
 def read_header(path: str | Path) -> dict[str, TensorInfo]:
     """Parse and validate a safetensors header: every entry's dtype, shape, span and offsets."""
     path = Path(path)
@@ -133,6 +134,7 @@ def _tensor_info(path: Path, name: str, entry, data_start: int, file_size: int) 
             f"(the data holds {file_size - data_start} bytes)"
         )
     return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
+# --8<-- [end:read-header]
 
 
 def _is_index(value) -> bool:
@@ -174,6 +176,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     return {name: _view(mapping, info, path) for name, info in header.items()}
 
 
+# --8<-- [start:save]
 def save_safetensors(
     path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
 ) -> None:
@@ -208,8 +211,10 @@ def save_safetensors(
         file.write(header_bytes)
         for name in order:
             file.write(arrays[name].reshape(-1).view(np.uint8).data)
+# --8<-- [end:save]
 
 
+# --8<-- [start:weight-shapes]
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The tensors a Llama of this config loads, with their HF shapes ([out_features, in_features])."""
     hidden, inter = config.hidden_size, config.intermediate_size
@@ -229,8 +234,10 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
+# --8<-- [end:weight-shapes]
 
 
+# --8<-- [start:load]
 def load_weights(model_dir: str | Path, config: ModelConfig) -> Weights:
     """The model's tensors from `model.safetensors` or a sharded index, as uint16 bf16 arrays.
 
@@ -259,6 +266,7 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Weights:
     unexpected = tuple(sorted(name for name in present if name not in tensors))
     _warn_unexpected(unexpected, present, config)
     return Weights(tensors, unexpected)
+# --8<-- [end:load]
 
 
 def _checkpoint_files(model_dir: Path) -> tuple[list[Path], dict[str, Path] | None, Path]:

@@ -22,6 +22,7 @@ THREADS = 256
 EXP_LIMIT = float32(88.0)
 
 
+# --8<-- [start:kernel]
 @cuda.jit
 def _silu_mul_kernel(gate_up, out):
     intermediate = out.shape[1]
@@ -40,6 +41,7 @@ def _silu_mul_kernel(gate_up, out):
         # the clamp keeps the simulator's math.exp (which raises on overflow) finite too.
         gate[i] = gate[i] / (float32(1.0) + math.exp(min(-gate[i], EXP_LIMIT))) * up[i]
     store_bf16x8(out[row], column, gate)
+# --8<-- [end:kernel]
 
 
 def silu_mul(gate_up, out, *, stream=0) -> None:

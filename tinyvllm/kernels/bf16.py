@@ -19,6 +19,7 @@ _EXPONENT_ALL_ONES = 0x7F800000
 _QUIET_NAN_BIT = 0x0040
 
 
+# --8<-- [start:device]
 @cuda.jit(device=True, inline=True)
 def bf16_to_f32(bits):
     """uint16 bf16 bits -> float32 (exact)."""
@@ -33,8 +34,10 @@ def f32_to_bf16(value):
         return np.uint16((bits >> np.uint32(16)) | np.uint32(_QUIET_NAN_BIT))
     rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
     return np.uint16(np.uint32(bits + rounding) >> np.uint32(16))
+# --8<-- [end:device]
 
 
+# --8<-- [start:host]
 def to_bf16(values: np.ndarray) -> np.ndarray:
     """Host: any float array -> uint16 bf16 bits (via float32, rounded to nearest even)."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
@@ -47,3 +50,4 @@ def to_bf16(values: np.ndarray) -> np.ndarray:
 def from_bf16(bits: np.ndarray) -> np.ndarray:
     """Host: uint16 bf16 bits -> float32 (exact)."""
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+# --8<-- [end:host]

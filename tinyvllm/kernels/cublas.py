@@ -96,11 +96,13 @@ class _Cublas:
             status_name = self.library.cublasGetStatusName(status).decode()
             raise CublasError(f"{name} failed: {status_name} ({status})")
 
+    # --8<-- [start:stream]
     def use_stream(self, stream: int) -> None:
         if stream != self.stream:
             self.call("cublasSetStream_v2", self.handle, stream)
             self.call("cublasSetWorkspace_v2", self.handle, data_pointer(self.workspace), WORKSPACE_BYTES)
             self.stream = stream
+    # --8<-- [end:stream]
 
 
 @functools.cache
@@ -119,6 +121,7 @@ def stream_pointer(stream) -> int:
     return stream.ptr if hasattr(stream, "ptr") else int(stream)
 
 
+# --8<-- [start:gemm-ex]
 def cublas_gemm(x, weight, out, *, stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T with cublasGemmEx; any CUDA-array-interface arrays."""
     m, n, k = check_linear(x, weight, out)
@@ -146,3 +149,4 @@ def cublas_gemm(x, weight, out, *, stream=0) -> None:
         CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT,
     )
+# --8<-- [end:gemm-ex]

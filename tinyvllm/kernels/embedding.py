@@ -24,6 +24,7 @@ from tinyvllm.kernels.vector_io import BF16_NAN_PAIR, VECTOR, check_rows_of_eigh
 MAX_THREADS = 256
 
 
+# --8<-- [start:kernel]
 @cuda.jit
 def _embedding_kernel(token_ids, table, out):
     token = cuda.blockIdx.x
@@ -36,6 +37,7 @@ def _embedding_kernel(token_ids, table, out):
             store_words(out[token], column, load_words(table[token_id], column))
         else:
             store_words(out[token], column, (nan, nan, nan, nan))
+# --8<-- [end:kernel]
 
 
 def embedding(token_ids, table, out, *, stream=0) -> None:

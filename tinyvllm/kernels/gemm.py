@@ -123,6 +123,7 @@ def _stage(tiles, buffer, k, row, words):
         tiles[buffer, k + 2 * i + 1, row] = high_half(words[i])
 
 
+# --8<-- [start:rank-one]
 @cuda.jit(device=True, inline=True)
 def _rank_one_update(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, k, tm, tn):
     """acc += (column k of the X tile) outer (column k of the W tile), this thread's 8 x 8 part."""
@@ -134,8 +135,10 @@ def _rank_one_update(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, k, tm, tn):
     for i in range(MICRO):
         for j in range(MICRO):
             acc[i, j] += a_frag[i] * b_frag[j]
+# --8<-- [end:rank-one]
 
 
+# --8<-- [start:kernel]
 @functools.cache
 def gemm_kernel(read_chunk, store):
     """The tiled kernel for one chunk reader and one output store (compiled per pair)."""
@@ -197,6 +200,7 @@ def gemm_kernel(read_chunk, store):
                         store(out, row, col, acc[i, j])
 
     return gemm
+# --8<-- [end:kernel]
 
 
 def gemm(x, weight, out, *, stream=0) -> None:

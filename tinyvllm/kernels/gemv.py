@@ -49,6 +49,7 @@ def read_chunk_whole(array, row, col):
     return load_words(array[row], col)
 
 
+# --8<-- [start:kernel]
 @functools.cache
 def gemv_kernel(m_rows: int, read_chunk, store):
     """The kernel for exactly m_rows rows of X, one chunk reader and one output store."""
@@ -121,6 +122,7 @@ def gemv_kernel(m_rows: int, read_chunk, store):
             store(out, tid % m_rows, row, partials[tid, 0])
 
     return gemv
+# --8<-- [end:kernel]
 
 
 def gemv(x, weight, out, *, stream=0) -> None:

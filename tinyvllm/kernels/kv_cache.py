@@ -23,6 +23,7 @@ from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_words, 
 MAX_THREADS = 256
 
 
+# --8<-- [start:kernel]
 @cuda.jit
 def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping):
     token = cuda.blockIdx.x
@@ -37,6 +38,7 @@ def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping):
         column = element - head * head_dim
         store_words(k_cache[block, row, head], column, load_words(k[token, head], column))
         store_words(v_cache[block, row, head], column, load_words(v[token, head], column))
+# --8<-- [end:kernel]
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:

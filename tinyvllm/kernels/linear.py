@@ -22,6 +22,7 @@ LAUNCHERS = {"cublas": cublas.cublas_gemm, "tiled": gemm, "gemv": gemv}
 BACKENDS = ("auto", "numba", *LAUNCHERS)
 
 
+# --8<-- [start:dispatch]
 def linear(x, weight, out, *, backend: str = "auto", stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out)."""
     if backend not in BACKENDS:
@@ -32,3 +33,4 @@ def linear(x, weight, out, *, backend: str = "auto", stream=0) -> None:
     if backend == "numba":
         backend = "gemv" if m <= GEMV_ROWS else "tiled"
     LAUNCHERS[backend](x, weight, out, stream=stream)
+# --8<-- [end:dispatch]

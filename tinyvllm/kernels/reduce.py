@@ -1,4 +1,6 @@
 """Block-wide sum and max: every thread of a block contributes a value and gets the total.
+`block_argmax` does the same for (value, index) pairs: the largest value, and among equal
+values the lowest index (as np.argmax); every thread gets the index.
 
 On the GPU a warp adds its 32 values with butterfly shuffles (`shfl_xor`), each warp
 leaves its partial in shared memory, and the first warp reduces those. The CUDA
@@ -6,16 +8,19 @@ simulator has no shuffles, so there the same contract is met with a shared-memor
 The choice is made once, at import, from Numba's simulator switch.
 
 `scratch` is a shared float32 array with one slot per thread of the block (the GPU path
-uses only the first 32); the block size must be a power of two no larger than 1024.
+uses only the first 32), and `index_scratch` an int32 one; the block size must be a power
+of two no larger than 1024.
 """
 
 import math
 
+import numpy as np
 from numba import config, cuda, float32
 
 WARP = 32
 
 
+# --8<-- [start:shuffle]
 @cuda.jit(device=True, inline=True)
 def _warp_sum(value):
     offset = WARP // 2
@@ -46,6 +51,7 @@ def _shuffle_block_sum(value, scratch):
     cuda.syncthreads()
     value = scratch[lane] if lane < num_warps else float32(0.0)
     return _warp_sum(value)
+# --8<-- [end:shuffle]
 
 
 @cuda.jit(device=True, inline=True)
@@ -62,6 +68,7 @@ def _shuffle_block_max(value, scratch):
     return _warp_max(value)
 
 
+# --8<-- [start:tree]
 @cuda.jit(device=True, inline=True)
 def _tree_block_sum(value, scratch):
     tid = cuda.threadIdx.x
@@ -77,6 +84,7 @@ def _tree_block_sum(value, scratch):
     total = scratch[0]
     cuda.syncthreads()
     return total
+# --8<-- [end:tree]
 
 
 @cuda.jit(device=True, inline=True)
@@ -96,7 +104,67 @@ def _tree_block_max(value, scratch):
     return total
 
 
+_NO_INDEX = np.int32(2**31 - 1)
+
+
+@cuda.jit(device=True, inline=True)
+def argmax_better(value, index, best_value, best_index):
+    """Whether (value, index) wins over (best_value, best_index) in an argmax."""
+    return value > best_value or (value == best_value and index < best_index)
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_argmax(value, index):
+    offset = WARP // 2
+    while offset > 0:
+        other_value = cuda.shfl_xor_sync(0xFFFFFFFF, value, offset)
+        other_index = cuda.shfl_xor_sync(0xFFFFFFFF, index, offset)
+        if argmax_better(other_value, other_index, value, index):
+            value, index = other_value, other_index
+        offset //= 2
+    return value, index
+
+
+@cuda.jit(device=True, inline=True)
+def _shuffle_block_argmax(value, index, scratch, index_scratch):
+    lane = cuda.threadIdx.x % WARP
+    warp = cuda.threadIdx.x // WARP
+    num_warps = (cuda.blockDim.x + WARP - 1) // WARP
+    value, index = _warp_argmax(value, index)
+    cuda.syncthreads()
+    if lane == 0:
+        scratch[warp] = value
+        index_scratch[warp] = index
+    cuda.syncthreads()
+    value, index = float32(-math.inf), _NO_INDEX
+    if lane < num_warps:
+        value, index = scratch[lane], index_scratch[lane]
+    return _warp_argmax(value, index)[1]
+
+
+@cuda.jit(device=True, inline=True)
+def _tree_block_argmax(value, index, scratch, index_scratch):
+    tid = cuda.threadIdx.x
+    cuda.syncthreads()
+    scratch[tid] = value
+    index_scratch[tid] = index
+    cuda.syncthreads()
+    stride = cuda.blockDim.x // 2
+    while stride > 0:
+        other = tid + stride
+        if tid < stride and argmax_better(
+            scratch[other], index_scratch[other], scratch[tid], index_scratch[tid]
+        ):
+            scratch[tid] = scratch[other]
+            index_scratch[tid] = index_scratch[other]
+        cuda.syncthreads()
+        stride //= 2
+    best = index_scratch[0]
+    cuda.syncthreads()
+    return best
+
+
 if config.ENABLE_CUDASIM:
-    block_sum, block_max = _tree_block_sum, _tree_block_max
+    block_sum, block_max, block_argmax = _tree_block_sum, _tree_block_max, _tree_block_argmax
 else:
-    block_sum, block_max = _shuffle_block_sum, _shuffle_block_max
+    block_sum, block_max, block_argmax = _shuffle_block_sum, _shuffle_block_max, _shuffle_block_argmax

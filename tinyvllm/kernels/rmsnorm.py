@@ -41,6 +41,7 @@ MAX_THREADS = 1024
 MAX_HIDDEN = MAX_THREADS * VECTORS_PER_THREAD * VECTOR
 
 
+# --8<-- [start:normalize]
 @cuda.jit(device=True, inline=True)
 def _normalize_and_store(words, weight, eps, out_row):
     """words: this thread's chunks of the row as bf16 pairs (zeros past its end).
@@ -67,6 +68,7 @@ def _normalize_and_store(words, weight, eps, out_row):
                 pack_pair(low_half(w3) * scale * low_half(g3), high_half(w3) * scale * high_half(g3)),
             )
             store_words(out_row, column, normalized)
+# --8<-- [end:normalize]
 
 
 @cuda.jit
@@ -84,6 +86,7 @@ def _rmsnorm_kernel(x, weight, eps, out):
     _normalize_and_store(words, weight, eps, out[row])
 
 
+# --8<-- [start:fused]
 @cuda.jit
 def _add_rmsnorm_kernel(x, residual, weight, eps, out):
     row = cuda.blockIdx.x
@@ -107,6 +110,7 @@ def _add_rmsnorm_kernel(x, residual, weight, eps, out):
             for j in range(4):
                 words[k, j] = uint32(0)
     _normalize_and_store(words, weight, eps, out[row])
+# --8<-- [end:fused]
 
 
 def _threads_for(hidden: int) -> int:
@@ -115,6 +119,7 @@ def _threads_for(hidden: int) -> int:
     return max(WARP, 1 << (threads_needed - 1).bit_length())
 
 
+# --8<-- [start:launcher]
 def rmsnorm(x, weight, eps: float, out, *, residual=None, stream=0) -> None:
     """out = rmsnorm(x) * weight; with `residual`: residual += x, then out = rmsnorm(residual) * weight."""
     num_tokens, hidden = check_rows_of_eight("x", x, (None, None))
@@ -132,3 +137,4 @@ def rmsnorm(x, weight, eps: float, out, *, residual=None, stream=0) -> None:
         _rmsnorm_kernel[launch](x, weight, np.float32(eps), out)
     else:
         _add_rmsnorm_kernel[launch](x, residual, weight, np.float32(eps), out)
+# --8<-- [end:launcher]

@@ -36,6 +36,7 @@ from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8,
 THREADS = 128
 
 
+# --8<-- [start:inv-freq]
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
     """float32[head_dim // 2] inverse frequencies, computed in float32 steps as transformers does.
 
@@ -64,8 +65,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
+# --8<-- [end:inv-freq]
 
 
+# --8<-- [start:kernel]
 @cuda.jit(device=True, inline=True)
 def _rotate(row, first, half, cos, sin):
     a = cuda.local.array(VECTOR, float32)
@@ -98,6 +101,7 @@ def _rope_kernel(q, k, positions, inv_freq):
             _rotate(q[token, head], first, half, cos, sin)
         else:
             _rotate(k[token, head - num_q_heads], first, half, cos, sin)
+# --8<-- [end:kernel]
 
 
 def rope(q, k, positions, inv_freq, *, stream=0) -> None:

@@ -47,6 +47,7 @@ def _wide_intrinsics():
         element = cgutils.get_item_pointer(context, builder, row_type, array, [index])
         return builder.bitcast(element, vector_type.as_pointer())
 
+    # --8<-- [start:load-words]
     @intrinsic
     def load_words(typingctx, row, index):
         if not (is_contiguous_bf16_row(row) and isinstance(index, types.Integer)):
@@ -59,6 +60,7 @@ def _wide_intrinsics():
             return context.make_tuple(builder, words_type, words)
 
         return words_type(row, index), codegen
+    # --8<-- [end:load-words]
 
     @intrinsic
     def store_words(typingctx, row, index, words):
@@ -101,6 +103,7 @@ else:
     load_words, store_words = _wide_intrinsics()
 
 
+# --8<-- [start:halves]
 @cuda.jit(device=True, inline=True)
 def low_half(word):
     """The bf16 in the low 16 bits of a word, as float32."""
@@ -117,6 +120,7 @@ def high_half(word):
 def pack_pair(low, high):
     """Two float32 -> one word of two bf16 (each rounded to nearest even)."""
     return np.uint32(np.uint32(f32_to_bf16(low)) | np.uint32(np.uint32(f32_to_bf16(high)) << np.uint32(16)))
+# --8<-- [end:halves]
 
 
 @cuda.jit(device=True, inline=True)

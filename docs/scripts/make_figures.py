@@ -1,0 +1,464 @@
+"""The docs' figures and result tables: from perf/results/*.json, and a simulated schedule.
+
+    python docs/scripts/make_figures.py [--results perf/results] [--figures docs/figures]
+                                        [--tables docs/generated/perf]
+
+For each benchmark whose JSON is in --results it draws the figure(s) into --figures and writes
+docs/generated/perf/<bench>.md: who measured it (device, date, git revision), the command,
+the figures and a table of the numbers; the performance page includes those files. A
+benchmark without a JSON is skipped with a message, and its table file says that the numbers
+are pending. The batching and preemption timelines need no GPU: they run the real Scheduler
+over a fake model (every sampled token is 0, EOS ignored) and draw which request computed
+what in each step. Matplotlib runs headless (Agg).
+"""
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not
+
+from tinyvllm.memory import BlockAllocator  # noqa: E402
+from tinyvllm.sampling_params import SamplingParams  # noqa: E402
+from tinyvllm.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from tinyvllm.sequence import Sequence, SequenceStatus  # noqa: E402
+
+COPY_CEILING_TBPS = 4.25  # the H200's device-to-device copy, DESIGN.md
+COLORS = {"prefill": "#1f4e79", "decode": "#7fb3e0", "waiting": "#e3e3e3", "preempted": "#c0392b"}
+VARIANT_COLORS = {"cublas": "#555555", "tiled": "#e67e22", "gemv": "#2980b9", "paged": "#2980b9",
+                  "split": "#e67e22", "auto": "#27ae60", "flash": "#2980b9", "naive": "#999999"}  # fmt: skip
+DPI = 110
+
+
+# -- the simulated schedule -------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """What each request did in each step: "prefill", "decode" or "waiting"; and preemptions."""
+
+    mode: str
+    states: list[dict[int, str]] = field(default_factory=list)
+    preempted: list[tuple[int, int]] = field(default_factory=list)  # (step, request)
+    batch_sizes: list[int] = field(default_factory=list)
+    max_num_seqs: int = 0
+
+
+def simulate(mode: str, prompt_lens, output_lens, **config) -> Trace:
+    """Run every request to completion (all queued at step 0) through the real Scheduler."""
+    scheduler_config = SchedulerConfig(mode=mode, **config)
+    scheduler = Scheduler(scheduler_config, BlockAllocator(scheduler_config.num_blocks))
+    seqs = []
+    for index, (prompt_len, output_len) in enumerate(zip(prompt_lens, output_lens)):
+        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+        seqs.append(Sequence(str(index), [1] * prompt_len, params))
+        scheduler.add(seqs[-1])
+    trace = Trace(mode, max_num_seqs=scheduler_config.max_num_seqs)
+    while True:
+        running_before = list(scheduler.running)
+        batch = scheduler.schedule()
+        if batch is None:
+            return trace
+        step = len(trace.states)
+        trace.preempted += [(step, int(s.request_id)) for s in running_before if s.status is SequenceStatus.WAITING]
+        idle = list(scheduler.waiting) + scheduler.running  # those scheduled are overwritten below
+        states = {int(s.request_id): "waiting" for s in idle}
+        for position, seq in enumerate(batch.seqs):
+            states[int(seq.request_id)] = "decode" if position < batch.num_decodes else "prefill"
+        trace.states.append(states)
+        trace.batch_sizes.append(len(batch.seqs))
+        scheduler.postprocess(batch, np.zeros(batch.num_samples, dtype=np.int64))
+
+
+def draw_trace(timeline, occupancy, trace: Trace, num_requests: int) -> None:
+    for step, states in enumerate(trace.states):
+        for request, state in states.items():
+            timeline.broken_barh([(step, 1)], (request - 0.4, 0.8), facecolors=COLORS[state], linewidth=0)
+    for step, request in trace.preempted:
+        timeline.plot(step + 0.5, request, marker="x", color=COLORS["preempted"], markersize=7, mew=2)
+    timeline.set_yticks(range(num_requests))
+    timeline.set_yticklabels([f"request {i}" for i in range(num_requests)], fontsize=7)
+    timeline.invert_yaxis()
+    timeline.set_title(f"{trace.mode} batching: {len(trace.states)} steps", fontsize=10, loc="left")
+    occupancy.bar(np.arange(len(trace.batch_sizes)) + 0.5, trace.batch_sizes, width=1.0, color="#888888")
+    occupancy.axhline(trace.max_num_seqs, color="black", linewidth=0.8, linestyle=":")
+    occupancy.set_ylim(0, trace.max_num_seqs + 0.5)
+    occupancy.set_yticks([0, trace.max_num_seqs])
+    occupancy.set_ylabel("batch", fontsize=7)
+
+
+def timeline_figure(traces: list[Trace], num_requests: int, title: str):
+    steps = max(len(t.states) for t in traces)
+    ratios = [4, 1] * len(traces)
+    figure, axes = plt.subplots(2 * len(traces), 1, figsize=(9, 1.2 + 3.0 * len(traces)), sharex=True,
+                                gridspec_kw={"height_ratios": ratios})  # fmt: skip
+    for index, trace in enumerate(traces):
+        draw_trace(axes[2 * index], axes[2 * index + 1], trace, num_requests)
+    axes[-1].set_xlim(0, steps)
+    axes[-1].set_xlabel("engine step (one forward pass each)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[s]) for s in ("prefill", "decode", "waiting")]
+    labels = ["prefill (chunk)", "decode", "waiting"]
+    if any(t.preempted for t in traces):
+        handles.append(plt.Line2D([], [], marker="x", color=COLORS["preempted"], linestyle="", mew=2))
+        labels.append("preempted (blocks freed)")
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    figure.suptitle(title, fontsize=9, x=0.01, ha="left")
+    figure.tight_layout(rect=(0, 0.04, 1, 0.97))
+    return figure
+
+
+BATCHING_WORKLOAD = {
+    "prompt_lens": [24, 8, 40, 16, 12, 32, 8, 20, 28, 16],
+    "output_lens": [30, 6, 12, 24, 4, 18, 10, 26, 8, 14],
+}
+BATCHING_CONFIG = {"num_blocks": 256, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 48,
+                   "max_model_len": 128}  # fmt: skip
+PREEMPTION_CONFIG = {**BATCHING_CONFIG, "num_blocks": 24, "max_num_seqs": 6}
+
+
+def simulated_figures(figures: Path) -> list[str]:
+    today = datetime.date.today().isoformat()
+    count = len(BATCHING_WORKLOAD["prompt_lens"])
+    setup = (f"{count} requests queued at once, max_num_seqs {BATCHING_CONFIG['max_num_seqs']}, "
+             f"max_num_batched_tokens {BATCHING_CONFIG['max_num_batched_tokens']}")  # fmt: skip
+    traces = [simulate(mode, **BATCHING_WORKLOAD, **BATCHING_CONFIG) for mode in ("static", "continuous")]
+    title = f"tinyvllm Scheduler simulated on the CPU (no GPU), {today}\n{setup}"
+    written = [save(timeline_figure(traces, count, title), figures / "batching_timeline.png")]
+    trace = simulate("continuous", **BATCHING_WORKLOAD, **PREEMPTION_CONFIG)
+    blocks = PREEMPTION_CONFIG["num_blocks"] * PREEMPTION_CONFIG["block_size"]
+    title = (f"tinyvllm Scheduler simulated on the CPU (no GPU), {today}\nthe same requests, continuous, "
+             f"max_num_seqs {PREEMPTION_CONFIG['max_num_seqs']}, a KV arena of only {blocks} tokens")  # fmt: skip
+    written.append(save(timeline_figure([trace], count, title), figures / "preemption_timeline.png"))
+    return written
+
+
+# -- benchmark results ------------------------------------------------------------------------
+
+
+def save(figure, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    print(f"wrote {path}")
+    return path.name
+
+
+def measured_by(data: dict) -> str:
+    return f"{data['device']}, {data['date'][:10]}, git {data['git_rev']}"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def number(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:,.0f}"
+
+
+def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
+    rows = data["results"]
+    layers = list(dict.fromkeys(r["layer"] for r in rows if r["layer"] != "square"))
+    figure, axes = plt.subplots(1, len(layers), figsize=(3.0 * len(layers), 3.2), sharey=True)
+    for axis, layer in zip(np.atleast_1d(axes), layers):
+        for variant in ("tiled", "gemv"):
+            points = sorted((r["m"], r["vs_cublas"]) for r in rows if r["layer"] == layer and r["variant"] == variant)
+            if points:
+                m, ratio = zip(*points)
+                axis.plot(m, ratio, marker="o", label=variant, color=VARIANT_COLORS[variant])
+        axis.axhline(1.0, color=VARIANT_COLORS["cublas"], linestyle=":", linewidth=1)
+        n, k = next((r["n"], r["k"]) for r in rows if r["layer"] == layer)
+        axis.set_title(f"{layer}\nK {k} -> N {n}", fontsize=8)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("M (rows of x)")
+    np.atleast_1d(axes)[0].set_ylabel("speed relative to cuBLAS")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    figure.suptitle(f"Numba GEMM/GEMV vs cuBLAS (1.0): {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "gemm_vs_cublas.png")]
+
+    decode = [r for r in rows if r["m"] == 1]
+    figure, axis = plt.subplots(figsize=(7, 3.2))
+    variants = [v for v in ("cublas", "tiled", "gemv") if any(r["variant"] == v for r in decode)]
+    x = np.arange(len(layers))
+    for offset, variant in enumerate(variants):
+        values = [next((r["tbps"] for r in decode if r["layer"] == layer and r["variant"] == variant), 0) for layer in layers]
+        axis.bar(x + (offset - (len(variants) - 1) / 2) * 0.25, values, 0.25, label=variant, color=VARIANT_COLORS[variant])
+    axis.axhline(COPY_CEILING_TBPS, color="black", linestyle=":", linewidth=1, label="copy ceiling")
+    axis.set_xticks(x, layers, fontsize=8)
+    axis.set_ylabel("TB/s (weights + x read)")
+    axis.legend(fontsize=7, ncol=4)
+    axis.set_title(f"Decode (M = 1) linear layers: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names.append(save(figure, figures / "gemm_decode_bandwidth.png"))
+
+    body = table(
+        ["layer", "M", "N", "K", "variant", "µs", "TFLOP/s", "TB/s", "vs cuBLAS"],
+        [[r["layer"], r["m"], r["n"], r["k"], r["variant"], number(r["median_us"]), number(r["tflops"]),
+          number(r["tbps"]), number(r["vs_cublas"])] for r in rows],
+    )  # fmt: skip
+    return names, bars_line(data.get("bars_met", {})) + body
+
+
+def bars_line(bars: dict) -> str:
+    if not bars:
+        return ""
+    cells = ", ".join(f"{name}: **{'met' if met else 'missed'}**" for name, met in bars.items())
+    return f"Bars: {cells}.\n\n"
+
+
+def elementwise(data: dict, figures: Path) -> tuple[list[str], str]:
+    rows = data["results"]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    tokens = sorted({r["tokens"] for r in rows})
+    figure, axis = plt.subplots(figsize=(8, 3.4))
+    x = np.arange(len(ops))
+    width = 0.8 / len(tokens)
+    for offset, count in enumerate(tokens):
+        values = [next((r["effective_tbps"] for r in rows if r["op"] == op and r["tokens"] == count), 0) for op in ops]
+        axis.bar(x + (offset - (len(tokens) - 1) / 2) * width, values, width, label=f"{count} tokens")
+    axis.axhline(data["measured_copy_tbps"], color="black", linestyle=":", linewidth=1,
+                 label=f"device copy {data['measured_copy_tbps']:.2f} TB/s")  # fmt: skip
+    axis.set_xticks(x, ops, fontsize=8)
+    axis.set_ylabel("effective TB/s")
+    axis.legend(fontsize=7)
+    axis.set_title(f"Elementwise kernels: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "elementwise_bandwidth.png")]
+    body = table(
+        ["op", "tokens", "shape", "µs", "TB/s", "% of copy ceiling"],
+        [[r["op"], r["tokens"], r["shape"], number(r["median_us"]), number(r["effective_tbps"]),
+          f"{r['percent_of_copy_ceiling']:.0f}%"] for r in rows],
+    )  # fmt: skip
+    copy = f"Measured device-to-device copy: {data['measured_copy_tbps']:.2f} TB/s.\n\n"
+    return names, copy + bars_line(data.get("bars_met", {})) + body
+
+
+def attention(data: dict, figures: Path) -> tuple[list[str], str]:
+    decode, prefill = data["decode"], data["prefill"]
+    batches = sorted({r["batch"] for r in decode})
+    figure, axes = plt.subplots(1, len(batches), figsize=(3.3 * len(batches), 3.2), sharey=True)
+    for axis, batch in zip(np.atleast_1d(axes), batches):
+        rows = sorted((r for r in decode if r["batch"] == batch), key=lambda r: r["context"])
+        contexts = [r["context"] for r in rows]
+        for variant in ("paged", "split", "auto"):
+            axis.plot(contexts, [r[f"{variant}_tbps"] for r in rows], marker="o", label=variant,
+                      color=VARIANT_COLORS[variant])  # fmt: skip
+        axis.axhline(data["copy_tbps"], color="black", linestyle=":", linewidth=1)
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"batch {batch}", fontsize=8)
+        axis.set_xlabel("context (tokens)")
+    np.atleast_1d(axes)[0].set_ylabel("K+V read, TB/s")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    figure.suptitle(f"Decode attention (dotted: device copy): {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "attention_decode.png")]
+
+    figure, axis = plt.subplots(figsize=(6, 3.2))
+    shapes = [r["shape"] for r in prefill]
+    x = np.arange(len(shapes))
+    axis.bar(x - 0.2, [r["flash_tflops"] for r in prefill], 0.4, label="flash", color=VARIANT_COLORS["flash"])
+    axis.bar(x + 0.2, [r.get("naive_tflops", 0) for r in prefill], 0.4, label="naive", color=VARIANT_COLORS["naive"])
+    axis.set_xticks(x, [f"{s} tokens" for s in shapes], fontsize=8)
+    axis.set_ylabel("TFLOP/s (causal half)")
+    axis.legend(fontsize=7)
+    axis.set_title(f"Prefill attention: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names.append(save(figure, figures / "attention_prefill.png"))
+
+    decode_table = table(
+        ["batch", "context", "paged ms", "paged TB/s", "split parts", "split ms", "split TB/s", "auto TB/s"],
+        [[r["batch"], r["context"], number(r["paged_ms"]), number(r["paged_tbps"]), r["split_partitions"],
+          number(r["split_ms"]), number(r["split_tbps"]), number(r["auto_tbps"])] for r in decode],
+    )  # fmt: skip
+    prefill_table = table(
+        ["sequences x new + cached", "flash ms", "flash TFLOP/s", "naive ms", "flash speedup"],
+        [[r["shape"], number(r["flash_ms"]), number(r["flash_tflops"]), number(r.get("naive_ms")),
+          number(r.get("speedup"))] for r in prefill],
+    )  # fmt: skip
+    bars = ", ".join(f"{name} = **{value:.2f}**" for name, value in data["bars"].items())
+    header = f"Device copy: {data['copy_tbps']:.2f} TB/s. Bars (need >= 10, >= 3.0, >= 3): {bars}.\n\n"
+    return names, header + decode_table + "\n\n" + prefill_table
+
+
+def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
+    rows = data["results"]
+    vocabs = sorted({r["vocab"] for r in rows})
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    counts = sorted({r["rows"] for r in rows})
+    figure, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 3.4), sharey=True)
+    for axis, vocab in zip(np.atleast_1d(axes), vocabs):
+        x = np.arange(len(ops))
+        width = 0.8 / len(counts)
+        for offset, count in enumerate(counts):
+            values = [next((r["median_us"] for r in rows if (r["op"], r["vocab"], r["rows"], r["logits"])
+                            == (op, vocab, count, "flat")), 0) for op in ops]  # fmt: skip
+            axis.bar(x + (offset - (len(counts) - 1) / 2) * width, values, width, label=f"S = {count}")
+        axis.axhline(data["bar_us"], color="black", linestyle=":", linewidth=1)
+        axis.set_xticks(x, [op.removeprefix("sample_") for op in ops], fontsize=7, rotation=30)
+        axis.set_title(f"V = {vocab}, flat logits", fontsize=8)
+    np.atleast_1d(axes)[0].set_ylabel("µs per call")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    figure.suptitle(f"Sampling (dotted: the {data['bar_us']:.0f} µs bar): {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "sampling.png")]
+    shown = [r for r in rows if r["rows"] == max(counts)]
+    body = table(
+        ["op", "logits", "S", "V", "passes", "µs", "TB/s"],
+        [[r["op"], r["logits"], r["rows"], r["vocab"], r["passes"], number(r["median_us"]), number(r["effective_tbps"])]
+         for r in shown],
+    )  # fmt: skip
+    verdict = f"Bar (every case at S = {data['bar_shape'][0]}, V = {data['bar_shape'][1]} within {data['bar_us']:.0f} µs): "
+    return names, verdict + f"**{'met' if data['bar_met'] else 'missed'}**.\n\n" + body
+
+
+def decode(data: dict, figures: Path) -> tuple[list[str], str]:
+    rows = data["results"]
+    figure, axis = plt.subplots(figsize=(6, 3.2))
+    x = np.arange(len(rows))
+    series = [("tinyvllm", "decode_tok_per_s", "#2980b9"), ("HF static cache", "hf_static_tok_per_s", "#999999"),
+              ("roofline", "roofline_tok_per_s", "#dddddd")]  # fmt: skip
+    for offset, (label, key, color) in enumerate(series):
+        axis.bar(x + (offset - 1) * 0.27, [r.get(key, 0) for r in rows], 0.27, label=label, color=color)
+    axis.set_xticks(x, [r["model"] for r in rows])
+    axis.set_ylabel("decode tokens/s (batch 1)")
+    axis.legend(fontsize=7)
+    axis.set_title(f"Batch-1 decode: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "decode.png")]
+    body = table(
+        ["model", "tok/s", "ms/token", "TTFT ms", "roofline tok/s", "% roofline", "HF static tok/s", "x HF"],
+        [[r["model"], number(r["decode_tok_per_s"], 4), number(r["decode_ms_per_token"]),
+          number(r["time_to_first_token_ms"]), number(r["roofline_tok_per_s"], 4), f"{r['percent_of_roofline']:.0f}%",
+          number(r.get("hf_static_tok_per_s"), 4), number(r.get("speedup_vs_hf"))] for r in rows],
+    )  # fmt: skip
+    return names, body
+
+
+def throughput(data: dict, figures: Path) -> tuple[list[str], str]:
+    runs = [("continuous", data["continuous"]["output_tok_per_s"]), ("static", data["static"]["output_tok_per_s"])]
+    if "hf_generate_subset" in data:
+        runs.append(("HF generate (64 requests)", data["hf_generate_subset"]["useful_output_tok_per_s"]))
+    figure, axis = plt.subplots(figsize=(6, 3.0))
+    axis.barh([name for name, _ in runs], [value for _, value in runs], color=["#2980b9", "#e67e22", "#999999"][: len(runs)])
+    axis.invert_yaxis()
+    axis.set_xlabel("output tokens/s")
+    axis.set_title(f"Offline throughput, {data['model']}: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "throughput.png")]
+    rows = [[mode, data[mode]["output_tokens"], number(data[mode]["seconds"]), number(data[mode]["output_tok_per_s"], 5)]
+            for mode in ("continuous", "static")]  # fmt: skip
+    if "hf_generate_subset" in data:
+        h = data["hf_generate_subset"]
+        rows.append(["HF generate (64 requests)", h["useful_output_tokens"], number(h["seconds"]),
+                     number(h["useful_output_tok_per_s"], 5)])  # fmt: skip
+    p = data["prefill"]
+    rows.append([f"prefill {p['prompts']} x {p['prompt_len']}", f"{p['prompts'] * p['prompt_len']} (prompt)",
+                 number(p["seconds"]), number(p["prefill_tok_per_s"], 5)])  # fmt: skip
+    return names, table(["run", "tokens", "seconds", "tokens/s"], rows)
+
+
+def serve(data: dict, figures: Path) -> tuple[list[str], str]:
+    result, config = data["result"], data["config"]
+    metrics = ("ttft_ms", "tpot_ms", "itl_ms")
+    figure, axis = plt.subplots(figsize=(6, 3.0))
+    x = np.arange(len(metrics))
+    for offset, stat in enumerate(("p50", "p99")):
+        axis.bar(x + (offset - 0.5) * 0.4, [result[m][stat] or 0 for m in metrics], 0.4, label=stat)
+    axis.set_xticks(x, ["time to first token", "time per output token", "inter-token latency"], fontsize=8)
+    axis.set_yscale("log")
+    axis.set_ylabel("ms")
+    axis.legend(fontsize=7)
+    axis.set_title(f"Serving, {config['concurrency']} concurrent clients: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    names = [save(figure, figures / "serve_latency.png")]
+    summary = table(
+        ["requests", "duration s", "requests/s", "output tok/s", "total tok/s"],
+        [[result["num_requests"], number(result["duration_s"]), number(result["requests_per_s"]),
+          number(result["output_tokens_per_s"], 5), number(result["total_tokens_per_s"], 5)]],
+    )  # fmt: skip
+    latencies = table(
+        ["ms", "mean", "p50", "p99"],
+        [[name] + [number(result[name][stat]) for stat in ("mean", "p50", "p99")]
+         for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")],
+    )  # fmt: skip
+    setup = (f"Model {config['model']}, {config['num_prompts']} prompts of {config['input_len']} words, "
+             f"{config['output_len']} output tokens, server metrics after the run: `{json.dumps(config['server_metrics'])}`.")  # fmt: skip
+    return names, setup + "\n\n" + summary + "\n\n" + latencies
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    command: str
+    draw: Callable[[dict, Path], tuple[list[str], str]]
+
+
+BENCHMARKS = (
+    Benchmark("bench_gemm", "python -m perf.bench_gemm", gemm),
+    Benchmark("bench_elementwise", "python -m perf.bench_elementwise", elementwise),
+    Benchmark("bench_attention", "python -m perf.bench_attention", attention),
+    Benchmark("bench_sampling", "python -m perf.bench_sampling", sampling),
+    Benchmark("bench_decode", "python -m perf.bench_decode", decode),
+    Benchmark("bench_throughput", "python -m perf.bench_throughput", throughput),
+    Benchmark("bench_serve", "python -m perf.bench_serve", serve),
+)
+
+
+def pending(bench: Benchmark) -> str:
+    return (
+        '!!! warning "Numbers pending the H200 run"\n'
+        f"    `perf/results/{bench.name}.json` is not there yet. On the GPU: `{bench.command}`;\n"
+        "    then `python docs/scripts/make_figures.py` fills this section with the figures and the table.\n"
+    )
+
+
+def results_page(bench: Benchmark, data: dict, names: list[str], body: str) -> str:
+    images = "\n\n".join(f"![{bench.name}: {name}](figures/{name})" for name in names)
+    return (
+        f"Measured on **{data['device']}**, {data['date']}, git `{data['git_rev']}`, by\n"
+        f"`{data['command']}`.\n\n{images}\n\n{body}\n"
+    )
+
+
+def run(results: Path, figures: Path, tables: Path) -> None:
+    """The timelines, then each benchmark's figures and table (or its pending note)."""
+    tables.mkdir(parents=True, exist_ok=True)
+    simulated_figures(figures)
+    for bench in BENCHMARKS:
+        path = results / f"{bench.name}.json"
+        if not path.exists():
+            print(f"skipping {bench.name}: {path} not found (run `{bench.command}` on the GPU)")
+            page = pending(bench)
+        else:
+            data = json.loads(path.read_text())
+            names, body = bench.draw(data, figures)
+            page = results_page(bench, data, names, body)
+        (tables / f"{bench.name}.md").write_text(page)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "perf" / "results")
+    parser.add_argument("--figures", type=Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--tables", type=Path, default=ROOT / "docs" / "generated" / "perf")
+    args = parser.parse_args()
+    run(args.results, args.figures, args.tables)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""argmax and sample on the GPU: time per call, and how fast each pass streams the logits.
+
+    python -m perf.bench_sampling [--repeats 50]
+
+For S = 1, 64, 256 rows and V = 49152 (SmolLM2) and 128256 (Llama 3) tokens this times
+(perf/timing.py: CUDA events, cold L2, median) the greedy argmax and `sample` with every
+row greedy, plain (temperature 0.8), top-k 50, top-p 0.9, and top-k 50 with top-p 0.9.
+Each reads the float32 logits once per pass (1, 1, 1, 4, 5 and 8 passes, from the
+kernel's docstring); the table shows the time and the bandwidth of all those passes
+together, against the 4.25 TB/s copy ceiling.
+
+Two kinds of rows: "flat", standard normal logits (every token carries mass: the most
+work for top-p's histogram), and "peaked", normal logits of scale 2.5 with ten tokens
+raised by 12, closer to a model's output. Bar: every case at S = 256, V = 128256 within
+300 us. Results go to perf/results/bench_sampling.json.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from numba import config, cuda
+
+from perf.timing import median_ms, result_header
+from tinyvllm.kernels.sampling import argmax, pack_sampling_params, sample
+
+COPY_CEILING_TBPS = 4.25
+BAR_US = 300.0
+BAR_SHAPE = (256, 128256)
+ROWS = (1, 64, 256)
+VOCABS = (49152, 128256)
+# name: (temperature, top_k, top_p, passes over the logits)
+SAMPLERS = {
+    "greedy": (0.0, -1, 1.0, 1),
+    "plain": (0.8, -1, 1.0, 1),
+    "top_k": (0.8, 50, 1.0, 4),
+    "top_p": (0.8, -1, 0.9, 5),
+    "top_k_top_p": (0.8, 50, 0.9, 8),
+}
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_sampling.json"
+
+rng = np.random.default_rng(0)
+
+
+def random_logits(rows: int, vocab: int, kind: str):
+    if kind == "flat":
+        logits = rng.standard_normal((rows, vocab))
+    else:
+        logits = 2.5 * rng.standard_normal((rows, vocab))
+        for row in range(rows):
+            logits[row, rng.choice(vocab, 10, replace=False)] += 12.0
+    return cuda.to_device(logits.astype(np.float32))
+
+
+def cases(rows: int, vocab: int, kind: str):
+    """(op, passes, call) for one shape and kind of logits."""
+    logits = random_logits(rows, vocab, kind)
+    out = cuda.device_array(rows, np.int32)
+    yield "argmax", 1, lambda: argmax(logits, out)
+    seeds, offsets = rng.integers(0, 2**63, rows, dtype=np.uint64), range(rows)
+    for name, (temperature, top_k, top_p, passes) in SAMPLERS.items():
+        params = pack_sampling_params([temperature] * rows, [top_k] * rows, [top_p] * rows, seeds, offsets)
+        device_params = [cuda.to_device(array) for array in params]
+        yield f"sample_{name}", passes, lambda params=device_params: sample(logits, *params, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("bench_sampling times real kernels: it needs a CUDA GPU, not the simulator")
+
+    results = []
+    print(f"{'op':<20} {'logits':<7} {'S':>4} {'V':>7} {'passes':>6} {'us':>9} {'TB/s':>6} {'% ceiling':>9}")
+    for kind in ("flat", "peaked"):
+        for vocab in VOCABS:
+            for rows in ROWS:
+                for op, passes, call in cases(rows, vocab, kind):
+                    milliseconds = median_ms(call, repeats=args.repeats)
+                    moved = passes * rows * vocab * 4
+                    tbps = moved / (milliseconds * 1e-3) / 1e12
+                    percent = 100 * tbps / COPY_CEILING_TBPS
+                    print(
+                        f"{op:<20} {kind:<7} {rows:>4} {vocab:>7} {passes:>6} "
+                        f"{milliseconds * 1e3:>9.1f} {tbps:>6.2f} {percent:>8.1f}%"
+                    )
+                    results.append(
+                        {
+                            "op": op,
+                            "logits": kind,
+                            "rows": rows,
+                            "vocab": vocab,
+                            "passes": passes,
+                            "median_us": milliseconds * 1e3,
+                            "effective_tbps": tbps,
+                            "percent_of_copy_ceiling": percent,
+                        }
+                    )
+    at_bar = [row for row in results if (row["rows"], row["vocab"]) == BAR_SHAPE]
+    bar_met = all(row["median_us"] <= BAR_US for row in at_bar)
+    slowest = max(at_bar, key=lambda row: row["median_us"])
+    print(
+        f"bar: every case at S={BAR_SHAPE[0]}, V={BAR_SHAPE[1]} within {BAR_US:.0f} us: "
+        f"{'met' if bar_met else 'MISSED'} (slowest {slowest['op']} {slowest['logits']}, "
+        f"{slowest['median_us']:.1f} us)"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        **result_header(),
+        "copy_ceiling_tbps": COPY_CEILING_TBPS,
+        "bar_us": BAR_US,
+        "bar_shape": list(BAR_SHAPE),
+        "bar_met": bar_met,
+        "results": results,
+    }
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

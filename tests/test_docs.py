@@ -1,0 +1,124 @@
+"""The docs site: every include resolves, every image exists, the generated files are what the
+scripts make now, and `mkdocs build --strict` passes.
+
+Pages are docs/*.md; they include source through pymdownx.snippets lines (`--8<-- "path"`,
+`"path:section"` between `# --8<-- [start:section]` / `[end:section]` comments, or
+`"path:first:last"`), and generated files from docs/generated/, whose images are relative to
+docs/ like the pages that include them.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+INCLUDE = re.compile(r'^[ \t]*-+8<-+[ \t]+"([^"]+)"[ \t]*$')
+MARKER = re.compile(r"(;*)-+8<-+[ \t]+\[[ \t]*(start|end)[ \t]*:[ \t]*([a-z][-_0-9a-z]*)[ \t]*\]")
+TARGET = re.compile(r"^(?P<path>.*?)(?::(?P<section>[a-z][-_0-9a-z]*)|(?P<lines>(?::-?\d*){1,2}))?$")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def includes(markdown: Path) -> list[str]:
+    return [m.group(1) for line in markdown.read_text().splitlines() if (m := INCLUDE.match(line))]
+
+
+def markdown_files() -> list[Path]:
+    """The pages and every markdown file they include (generated tables), transitively."""
+    files, queue = [], list(PAGES)
+    while queue:
+        page = queue.pop()
+        if page in files:
+            continue
+        files.append(page)
+        for target in includes(page):
+            path = ROOT / TARGET.match(target).group("path")
+            if path.suffix == ".md" and path.is_file():
+                queue.append(path)
+    return files
+
+
+def test_there_are_pages_and_every_page_is_in_the_nav():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def entries(nav):
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            yield from entries(value) if isinstance(value, list) else [value]
+
+    nav = set(entries(config["nav"]))
+    assert len(PAGES) >= 15
+    assert {page.name for page in PAGES} == nav
+
+
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda path: str(path.relative_to(DOCS)))
+def test_every_include_resolves(page):
+    for target in includes(page):
+        match = TARGET.match(target)
+        path = ROOT / match.group("path")
+        assert path.is_file(), f"{page.name} includes {target!r}: no file {path.relative_to(ROOT)}"
+        lines = path.read_text().splitlines()
+        if match.group("section"):
+            name = match.group("section")
+            markers = [(m.group(2), index) for index, line in enumerate(lines) for m in MARKER.finditer(line)
+                       if m.group(3) == name and not m.group(1)]  # fmt: skip
+            kinds = [kind for kind, _ in markers]
+            assert kinds == ["start", "end"], f"{page.name} includes {target!r}: markers found {markers}"
+            assert markers[1][1] - markers[0][1] > 1, f"{page.name} includes {target!r}: the section is empty"
+        elif match.group("lines"):
+            numbers = [int(n) for n in match.group("lines").strip(":").split(":") if n]
+            assert all(1 <= n <= len(lines) for n in numbers), f"{page.name}: {target!r} is past the end of the file"
+
+
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda path: str(path.relative_to(DOCS)))
+def test_every_image_exists(page):
+    for source in IMAGE.findall(page.read_text()):
+        assert not source.startswith(("http:", "https:", "//")), f"{page.name}: {source} needs the network"
+        assert (DOCS / source).is_file(), f"{page.name} shows {source}, which is not in docs/"
+
+
+def test_generated_examples_are_current(tmp_path):
+    make_examples = load_script("make_examples")
+    make_examples.generate(tmp_path, real=False)
+    stale = [name for name in make_examples.OFFLINE
+             if (tmp_path / name).read_text() != (make_examples.GENERATED / name).read_text()]  # fmt: skip
+    assert not stale, f"docs/generated/{stale} differ from what the code makes: run python docs/scripts/make_examples.py"
+
+
+def test_figures_and_result_tables_are_current(tmp_path, capsys):
+    make_figures = load_script("make_figures")
+    results = ROOT / "perf" / "results"
+    make_figures.run(results, tmp_path / "figures", tmp_path / "tables")
+    assert (tmp_path / "figures" / "batching_timeline.png").stat().st_size > 0
+    assert (tmp_path / "figures" / "preemption_timeline.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    for bench in make_figures.BENCHMARKS:
+        made = (tmp_path / "tables" / f"{bench.name}.md").read_text()
+        if not (results / f"{bench.name}.json").exists():
+            assert f"skipping {bench.name}" in printed and "pending" in made
+        committed = DOCS / "generated" / "perf" / f"{bench.name}.md"
+        assert committed.read_text() == made, (
+            f"{committed.relative_to(ROOT)} does not match perf/results: run python docs/scripts/make_figures.py"
+        )
+
+
+def test_mkdocs_build_strict(tmp_path):
+    environment = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")]
+    result = subprocess.run(command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").is_file()

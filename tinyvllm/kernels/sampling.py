@@ -1,0 +1,223 @@
+"""Choosing the next token: the greedy argmax, and sampling with temperature, top-k, top-p.
+
+One row of logits l[0..V) with temperature T, top_k k and top_p p is sampled from
+`reference.sampling_probs` (the kernel computes w_i in float32, the reference in float64):
+
+    K = {i : l_i >= t_k}          t_k the k-th largest logit; K is every token when k = -1
+    w_i = exp((l_i - max l) / T)  for i in K
+    t_p = the largest logit t with  sum_{i in K, l_i >= t} w_i  >=  p * sum_{i in K} w_i
+    P(i) = w_i / sum_{j in K, l_j >= t_p} w_j   for i in K with l_i >= t_p, else 0
+
+Both filters are thresholds on the logit, so tokens tied at an edge are all kept, and the
+kept set is {l_i >= t} for one threshold t = t_p (or t_k without top-p: t_p >= t_k always).
+T = 0 is greedy: the argmax, the lowest index among ties (as np.argmax).
+
+The thresholds come from a radix select over the logits' bits (`radix_select`): three
+passes for each filter, with integer weights, so no thread schedule changes the result.
+
+The draw, by the Gumbel-max trick. If G_i are independent Gumbel variables,
+
+    argmax_{i kept} (l_i / T + G_i)   is distributed as P,
+
+so one pass draws the token with no normaliser. G_i = -log(-log(1 - U_i)), and U_i is a
+hash of (seed, offset, i) alone: a counter-based generator, so a token depends on nothing
+but its row's logits and parameters, not on the batch around it, and recomputing a token
+after preemption (the engine passes the token's position as its offset) draws it again.
+
+One block per row. Passes over the row: greedy 1, no filters 1, top-k 4, top-p 5 (one to
+find max l), both 8. Logits are finite or -inf (a masked token); a sampled row needs one
+finite logit.
+"""
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numba import cuda, float32, float64, int32, uint32, uint64
+
+from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.radix_select import (
+    BLOCK,
+    MAX_VOCAB,
+    RADIX_BINS,
+    UNROLL,
+    load_chunk,
+    ordered_key,
+    radix_select,
+)
+from tinyvllm.kernels.reduce import argmax_better, block_argmax, block_max
+from tinyvllm.kernels.rng import GUMBEL_MAX, SALTS, gumbel, stream_key
+
+_NO_INDEX = np.int32(2**31 - 1)
+
+
+@cuda.jit(device=True, inline=True)
+def _row_argmax(logits, row, values, indices):
+    vocab = logits.shape[1]
+    chunk = cuda.local.array(UNROLL, float32)
+    best_value, best_index = float32(-math.inf), _NO_INDEX
+    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+        load_chunk(logits, row, start, chunk)
+        for j in range(UNROLL):
+            i = start + j * BLOCK
+            if argmax_better(chunk[j], i, best_value, best_index):
+                best_value, best_index = chunk[j], int32(i)
+    return block_argmax(best_value, best_index, values, indices)
+
+
+@cuda.jit(device=True, inline=True)
+def _row_max(logits, row, values):
+    vocab = logits.shape[1]
+    chunk = cuda.local.array(UNROLL, float32)
+    best = float32(-math.inf)
+    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+        load_chunk(logits, row, start, chunk)
+        for j in range(UNROLL):
+            best = max(best, chunk[j])
+    return block_max(best, values)
+
+
+# --8<-- [start:gumbel-argmax]
+@cuda.jit(device=True, inline=True)
+def _gumbel_argmax(logits, row, floor_key, inv_temperature, seed, offset, values, indices):
+    """The Gumbel-max draw among the tokens whose key is at least floor_key.
+
+    A token whose l_i / T + GUMBEL_MAX is below the best score so far cannot win: it is
+    skipped without hashing, which is most tokens of a peaked row.
+    """
+    vocab = logits.shape[1]
+    key_1 = stream_key(SALTS[0], seed, uint64(offset))
+    key_2 = stream_key(SALTS[1], seed, uint64(offset))
+    chunk = cuda.local.array(UNROLL, float32)
+    best_value, best_index = float32(-math.inf), _NO_INDEX
+    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+        load_chunk(logits, row, start, chunk)
+        for j in range(UNROLL):
+            i = start + j * BLOCK
+            scaled = chunk[j] * inv_temperature
+            if scaled + GUMBEL_MAX >= best_value and ordered_key(chunk[j]) >= floor_key:
+                score = scaled + gumbel(key_1, key_2, i)
+                if argmax_better(score, i, best_value, best_index):
+                    best_value, best_index = score, int32(i)
+    return block_argmax(best_value, best_index, values, indices)
+# --8<-- [end:gumbel-argmax]
+
+
+@cuda.jit
+def _argmax_kernel(logits, out):
+    values = cuda.shared.array(BLOCK, float32)
+    indices = cuda.shared.array(BLOCK, int32)
+    token = _row_argmax(logits, cuda.blockIdx.x, values, indices)
+    if cuda.threadIdx.x == 0:
+        out[cuda.blockIdx.x] = token
+
+
+# --8<-- [start:sample-kernel]
+@cuda.jit
+def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, out):
+    row = cuda.blockIdx.x
+    values = cuda.shared.array(BLOCK, float32)
+    indices = cuda.shared.array(BLOCK, int32)
+    hist_high = cuda.shared.array(RADIX_BINS, uint32)
+    hist_low = cuda.shared.array(RADIX_BINS, uint32)
+    scan = cuda.shared.array(BLOCK, uint64)
+    choice = cuda.shared.array(2, uint64)
+    vocab = logits.shape[1]
+    if temperature[row] <= 0:
+        token = _row_argmax(logits, row, values, indices)
+    else:
+        inv_temperature = float32(1.0) / temperature[row]
+        floor_key = uint64(0)
+        if 0 < top_k[row] < vocab:
+            floor_key = radix_select(
+                logits, row, floor_key, uint64(top_k[row]), 0.0, False, float32(0.0), inv_temperature,
+                hist_high, hist_low, scan, choice,
+            )
+        if top_p[row] < 1:
+            max_logit = _row_max(logits, row, values)
+            floor_key = radix_select(
+                logits, row, floor_key, uint64(1), float64(top_p[row]), True, max_logit, inv_temperature,
+                hist_high, hist_low, scan, choice,
+            )
+        token = _gumbel_argmax(
+            logits, row, floor_key, inv_temperature, seeds[row], offsets[row], values, indices
+        )
+    if cuda.threadIdx.x == 0:
+        out[row] = token
+# --8<-- [end:sample-kernel]
+
+
+def _check_logits(logits) -> int:
+    num_rows, vocab = check_array("logits", logits, np.float32, (None, None))
+    if not 0 < vocab < MAX_VOCAB:
+        raise ValueError(f"logits: vocabulary of {vocab} tokens, expected 1 to {MAX_VOCAB - 1}")
+    return num_rows
+
+
+def argmax(logits, out, *, stream=0) -> None:
+    """out[s] = argmax(logits[s]), the lowest index among ties. logits float32[S, V], out int32[S]."""
+    num_rows = _check_logits(logits)
+    check_array("out", out, np.int32, (num_rows,))
+    if num_rows:
+        _argmax_kernel[num_rows, BLOCK, stream](logits, out)
+
+
+def sample(logits, temperature, top_k, top_p, seeds, offsets, out, *, stream=0) -> None:
+    """out[s] = a token drawn from row s (module docstring), with row s's own parameters.
+
+    logits float32[S, V]; temperature float32[S] (0 = greedy); top_k int32[S] (-1 = all);
+    top_p float32[S] in (0, 1]; seeds uint64[S]; offsets int64[S] (the token's position);
+    out int32[S]. `pack_sampling_params` builds and checks the parameter arrays on the host.
+    """
+    num_rows = _check_logits(logits)
+    for name, array, dtype in (
+        ("temperature", temperature, np.float32),
+        ("top_k", top_k, np.int32),
+        ("top_p", top_p, np.float32),
+        ("seeds", seeds, np.uint64),
+        ("offsets", offsets, np.int64),
+        ("out", out, np.int32),
+    ):
+        check_array(name, array, dtype, (num_rows,))
+    if num_rows:
+        _sample_kernel[num_rows, BLOCK, stream](logits, temperature, top_k, top_p, seeds, offsets, out)
+
+
+def pack_sampling_params(
+    temperature: Sequence[float],
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    seeds: Sequence[int],
+    offsets: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Host arrays for `sample`, in its argument order, with every value checked.
+
+    temperature >= 0 (0 = greedy), top_k -1 or >= 1, top_p in (0, 1], seeds in [0, 2**64),
+    offsets in [0, 2**63). Raises ValueError naming the parameter.
+    """
+    columns = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seeds": seeds, "offsets": offsets}
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"one value per row for every parameter, got lengths {lengths}")
+    temperature = np.asarray(temperature, dtype=np.float64)
+    top_k = np.asarray(top_k, dtype=np.int64)
+    top_p = np.asarray(top_p, dtype=np.float64)
+    seeds = np.asarray([int(seed) for seed in seeds], dtype=object)
+    offsets = np.asarray([int(offset) for offset in offsets], dtype=object)
+    if not np.all(np.isfinite(temperature) & (temperature >= 0)):
+        raise ValueError(f"temperature: must be finite and >= 0, got {temperature}")
+    if not np.all((top_k == -1) | (top_k >= 1)):
+        raise ValueError(f"top_k: must be -1 (all) or >= 1, got {top_k}")
+    if not np.all((top_p > 0) & (top_p <= 1)):
+        raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+    if not all(0 <= seed < 2**64 for seed in seeds):
+        raise ValueError(f"seeds: must be in [0, 2**64), got {seeds}")
+    if not all(0 <= offset < 2**63 for offset in offsets):
+        raise ValueError(f"offsets: must be in [0, 2**63), got {offsets}")
+    return (
+        temperature.astype(np.float32),
+        np.minimum(top_k, 2**31 - 1).astype(np.int32),
+        top_p.astype(np.float32),
+        seeds.astype(np.uint64),
+        offsets.astype(np.int64),
+    )
