@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--peer-models", nargs="*", help="models to run the HF peer on (default: all)")
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args()
 
@@ -64,11 +65,12 @@ def main() -> None:
         roofline = roofline_tok_per_s(config.num_parameters)
         result.update(model=name, roofline_tok_per_s=roofline,
                       percent_of_roofline=100 * result["decode_tok_per_s"] / roofline)
-        if not args.no_peer:
+        if not args.no_peer and (args.peer_models is None or name in args.peer_models):
             prompt = random_workload(1, (args.prompt_len, args.prompt_len), (1, 1), config.vocab_size).prompts[0]
             result["hf_static_tok_per_s"] = hf_decode_tok_per_s(directory, prompt, args.new_tokens)
             result["speedup_vs_hf"] = result["decode_tok_per_s"] / result["hf_static_tok_per_s"]
         rows.append(result)
+        print(json.dumps(result), flush=True)
 
     print(f"{'model':<10} {'tok/s':>8} {'ms/tok':>7} {'roofline':>9} {'%roof':>6} {'HF tok/s':>9} {'x HF':>6}")
     for r in rows:

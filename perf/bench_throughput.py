@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--num-blocks", type=int, default=40000, help="KV blocks (16 tokens each)")
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args()
 
@@ -62,7 +63,8 @@ def main() -> None:
     workload = nano_vllm_workload(config.vocab_size, args.requests)
     results = {"model": args.model, "workload": {"requests": args.requests, "output_tokens": workload.output_tokens}}
     for mode in ("continuous", "static"):
-        llm = LLM(directory, mode=mode, max_model_len=4096, enforce_eager=args.enforce_eager)
+        llm = LLM(directory, mode=mode, max_model_len=4096, enforce_eager=args.enforce_eager,
+                  num_blocks=args.num_blocks)
         throughput(llm, Workload(workload.prompts[:4], [4] * 4))
         results[mode] = throughput(llm, workload)
         if mode == "continuous":

@@ -30,7 +30,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def gpu_llm(smollm2):
-    return LLM(smollm2, backend="cuda", max_model_len=2048, gpu_memory_utilization=0.3)
+    return LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096)
 
 
 def _assert_no_leak(llm: LLM) -> None:
@@ -108,7 +108,7 @@ def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
     """Decode steps replayed from CUDA graphs (batch sizes padded up to their bucket)
     produce exactly the eager engine's tokens, greedy and seeded sampling alike."""
     assert gpu_llm.engine.runner.graphs is not None
-    eager = LLM(smollm2, backend="cuda", max_model_len=2048, gpu_memory_utilization=0.3, enforce_eager=True)
+    eager = LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096, enforce_eager=True)
     assert eager.engine.runner.graphs is None
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 49152, int(rng.integers(5, 200))).tolist() for _ in range(37)]
