@@ -42,3 +42,13 @@ def llama3_tokenizer_dir(llama3_tokenizer_json, tmp_path_factory) -> Path:
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(hub_cache) -> Path:
+    """The embedded SmolLM2-135M-Instruct, fetched and converted once per run into the hub cache."""
+    from tinyvllm.default_model import default_model_dir
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINYVLLM_CACHE", str(hub_cache))
+        return default_model_dir()

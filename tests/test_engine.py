@@ -55,6 +55,7 @@ def test_batching_policies_and_preemption_give_identical_greedy_tokens(tiny_mode
     assert _tokens(small, prompts, params) == expected
     assert small.engine.scheduler.num_preemptions > 0
     _assert_no_leak(small)
+# --8<-- [end:policies]
 
 
 def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model):

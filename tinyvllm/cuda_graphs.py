@@ -58,6 +58,7 @@ def pad_decode_step(step: HostStep, size: int) -> HostStep:
     )
 
 
+# --8<-- [start:graphs]
 class DecodeGraphs:
     """The captured decode steps of one runner, keyed by bucket size."""
 
@@ -89,3 +90,4 @@ class DecodeGraphs:
         buffers.upload(pad_decode_step(step, size))
         self.runner.backend.launch_graph(self.graphs[size])
         return self.runner.backend.download(buffers.sampled[:batch])
+# --8<-- [end:graphs]
