@@ -29,6 +29,7 @@ from tinyvllm.kernels.embedding import embedding
 from tinyvllm.kernels.kv_cache import write_kv
 from tinyvllm.kernels.rmsnorm import rmsnorm
 from tinyvllm.kernels.rope import rope, rope_inv_freq
+from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 COPY_CEILING_TBPS = 4.25
 BAR_TBPS = 3.0
@@ -39,13 +40,7 @@ HIDDEN = 8192
 VOCAB, EMBED_HIDDEN = 128256, 2048
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 64
 BLOCK_SIZE = 16
-LLAMA_3_2_SCALING = {
-    "rope_type": "llama3",
-    "factor": 32.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
+LLAMA_3_2_SCALING = LLAMA_3_2_1B_CONFIG["rope_scaling"]
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_elementwise.json"
 
 rng = np.random.default_rng(0)

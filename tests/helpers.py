@@ -48,3 +48,10 @@ def widen(bits) -> np.ndarray:
     if hasattr(bits, "copy_to_host"):
         bits = bits.copy_to_host()
     return from_bf16(bits).astype(np.float64)
+
+
+def assert_no_leak(llm) -> None:
+    """Every request finished and every KV block back in the free list."""
+    scheduler = llm.engine.scheduler
+    assert not scheduler.has_unfinished()
+    assert scheduler.num_free_blocks == scheduler.allocator.num_blocks

@@ -17,6 +17,8 @@ from tinyvllm.hub import FetchError, fetch_pypi_file
 from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.weights import load_weights
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = [
     "What is the capital of France?",
     "Write one sentence about the number 2024 and the digits of pi, 3.14159.",
@@ -25,13 +27,6 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """torch's spinning worker threads slow down manyfold when the 2 cores are shared; one thread stays steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ simulator here, on the GPU on the H200) and must agree with it token for token.
 import numpy as np
 import pytest
 
-from tests.helpers import SIMULATOR
+from tests.helpers import SIMULATOR, assert_no_leak
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
@@ -31,11 +31,6 @@ def _tokens(llm: LLM, prompts, params) -> list[list[int]]:
     return [output.token_ids for output in llm.generate(prompts, params)]
 
 
-def _assert_no_leak(llm: LLM) -> None:
-    scheduler = llm.engine.scheduler
-    assert not scheduler.has_unfinished()
-    assert scheduler.num_free_blocks == scheduler.allocator.num_blocks
-
 
 def _one_at_a_time(llm: LLM, prompts, params) -> list[list[int]]:
     return [llm.generate([prompt], param)[0].token_ids for prompt, param in zip(prompts, params)]
@@ -49,39 +44,54 @@ def test_batching_policies_and_preemption_give_identical_greedy_tokens(tiny_mode
     for mode in ("continuous", "static"):
         llm = LLM(tiny_model, backend="numpy", mode=mode, block_size=4, max_num_seqs=8)
         assert _tokens(llm, prompts, params) == expected, mode
-        _assert_no_leak(llm)
+        assert_no_leak(llm)
     # An arena of 16 four-token blocks holds about two sequences: preemption must happen.
     small = LLM(tiny_model, backend="numpy", block_size=4, num_blocks=16, max_num_seqs=8)
     assert _tokens(small, prompts, params) == expected
     assert small.engine.scheduler.num_preemptions > 0
-    _assert_no_leak(small)
+    assert_no_leak(small)
 # --8<-- [end:policies]
 
 
-def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model):
+SIMULATOR_OVERRIDES = {
+    **TINY_OVERRIDES, "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 264,
+}
+"""Smaller still for the simulator, which runs a Python thread per CUDA thread."""
+
+
+def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model, tmp_path):
     """The real kernels (simulated here, on the GPU on the H200) against the NumPy backend
-    storing activations as bf16 like the kernels do: same greedy tokens one request at a
-    time, in continuous and static batches, and under preemption. The simulator runs a
-    Python thread per CUDA thread, so it gets a few short requests and the tiled GEMM
-    (the GEMV's 256-thread blocks cost more there); the GPU takes the full set."""
-    count, max_tokens = (3, 3) if SIMULATOR else (12, 24)
-    prompts = _prompts(count, seed=5, max_len=10 if SIMULATOR else 40)
-    params = [_greedy(int(n)) for n in np.random.default_rng(6).integers(1, max_tokens + 1, size=count)]
-    limits = {"block_size": 2 if SIMULATOR else 4, "max_num_seqs": 8, "max_num_batched_tokens": 64}
+    storing activations as bf16 like the kernels do: the same greedy tokens as one request
+    at a time, in continuous and static batches and under preemption. The simulator gets a
+    one-layer model, two requests sized so that the third step must preempt (one block
+    each, then a second for the first request), and the tiled GEMM (the GEMV's 256-thread
+    blocks cost more there); the GPU takes twelve requests on the tiny model."""
+    if SIMULATOR:
+        model = make_random_llama_dir(tmp_path / "sim", tokenizer="bytes", config_overrides=SIMULATOR_OVERRIDES)
+        prompts, params = [[3, 1, 4], [9, 2, 6]], [_greedy(3), _greedy(3)]
+        limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16}
+        cramped_blocks = 2
+    else:
+        model, prompts = tiny_model, _prompts(12, seed=5)
+        params = [_greedy(int(n)) for n in np.random.default_rng(6).integers(1, 25, size=12)]
+        limits = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 64}
+        cramped_blocks = 16
     cuda_args = {"backend": "cuda", "linear_backend": "tiled" if SIMULATOR else "auto", **limits}
-    reference = LLM(tiny_model, backend="numpy", activation_dtype="bf16", num_blocks=256, **limits)
+    reference = LLM(model, backend="numpy", activation_dtype="bf16", num_blocks=256, **limits)
     expected = _one_at_a_time(reference, prompts, params)
 
-    roomy = LLM(tiny_model, num_blocks=256, **cuda_args)
-    assert _one_at_a_time(roomy, prompts, params) == expected
+    roomy = LLM(model, num_blocks=256, **cuda_args)
     assert _tokens(roomy, prompts, params) == expected
-    static = LLM(tiny_model, num_blocks=256, mode="static", **cuda_args)
+    static = LLM(model, num_blocks=256, mode="static", **cuda_args)
     assert _tokens(static, prompts, params) == expected
-    cramped = LLM(tiny_model, num_blocks=8 if SIMULATOR else 16, **cuda_args)
+    cramped = LLM(model, num_blocks=cramped_blocks, **cuda_args)
     assert _tokens(cramped, prompts, params) == expected
     assert cramped.engine.scheduler.num_preemptions > 0
+    if not SIMULATOR:
+        assert _one_at_a_time(roomy, prompts, params) == expected
     for llm in (roomy, static, cramped):
-        _assert_no_leak(llm)
+        assert_no_leak(llm)
 
 
 def test_chunked_prefill_matches_whole_prefill(tiny_model):
@@ -90,7 +100,7 @@ def test_chunked_prefill_matches_whole_prefill(tiny_model):
     whole = LLM(tiny_model, backend="numpy", block_size=8)
     chunked = LLM(tiny_model, backend="numpy", block_size=8, max_num_batched_tokens=16)
     assert _tokens(chunked, prompts, params) == _tokens(whole, prompts, params)
-    _assert_no_leak(chunked)
+    assert_no_leak(chunked)
 
 
 def test_seeded_sampling_is_reproducible_and_survives_preemption(tiny_model):
@@ -132,7 +142,7 @@ def test_bad_request_is_rejected_alone(tiny_model, prompt, overrides, parameter)
         finished += [output for output in engine.step() if output.finished]
     assert [output.request_id for output in finished] == [good]
     assert len(finished[0].token_ids) == 4
-    _assert_no_leak(llm)
+    assert_no_leak(llm)
 
 
 def test_abort_frees_blocks_and_others_finish(tiny_model):
@@ -149,7 +159,7 @@ def test_abort_frees_blocks_and_others_finish(tiny_model):
     while engine.has_unfinished_requests():
         outputs += engine.step()
     assert {output.request_id for output in outputs} == {keep}
-    _assert_no_leak(llm)
+    assert_no_leak(llm)
 
 
 def test_stop_string_truncates_text(tiny_model):
@@ -160,4 +170,4 @@ def test_stop_string_truncates_text(tiny_model):
     stopped = llm.generate([[72, 101, 108]], SamplingParams(temperature=0.0, max_tokens=24, stop=stop, ignore_eos=True))[0]
     assert stopped.finish_reason == "stop"
     assert stopped.text == free_run.text[: free_run.text.index(stop)]
-    _assert_no_leak(llm)
+    assert_no_leak(llm)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.helpers import assert_no_leak
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.default_model import default_model_dir
 
@@ -33,11 +34,6 @@ def gpu_llm(smollm2):
     return LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096)
 
 
-def _assert_no_leak(llm: LLM) -> None:
-    scheduler = llm.engine.scheduler
-    assert not scheduler.has_unfinished()
-    assert scheduler.num_free_blocks == scheduler.allocator.num_blocks
-
 
 def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -47,7 +43,7 @@ def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     actual = [output.token_ids for output in gpu_llm.chat(conversations, params)]
     assert actual == expected
     assert "Paris" in gpu_llm.chat(conversations[0], SamplingParams(temperature=0.0, max_tokens=16))[0].text
-    _assert_no_leak(gpu_llm)
+    assert_no_leak(gpu_llm)
 
 
 def test_abort_frees_blocks_on_gpu(gpu_llm):
@@ -63,7 +59,7 @@ def test_abort_frees_blocks_on_gpu(gpu_llm):
     while engine.has_unfinished_requests():
         finished += [output.request_id for output in engine.step() if output.finished]
     assert finished == [keep]
-    _assert_no_leak(gpu_llm)
+    assert_no_leak(gpu_llm)
 
 
 def test_soak_thousand_requests_with_preemption_and_aborts(smollm2):
@@ -101,7 +97,7 @@ def test_soak_thousand_requests_with_preemption_and_aborts(smollm2):
     assert engine.scheduler.num_preemptions > 0
     assert aborted and not finished & aborted
     assert finished | aborted == set(request_ids)
-    _assert_no_leak(llm)
+    assert_no_leak(llm)
 
 
 def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):

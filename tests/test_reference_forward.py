@@ -14,6 +14,8 @@ from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CHATS = [
     "What is the capital of France?",
     "Write a haiku about autumn.",
@@ -21,13 +23,6 @@ CHATS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """torch's worker threads slow down manyfold when two cores are shared; one stays steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _first_step_logits(llm: LLM, prompt_ids: list[int]) -> np.ndarray:

@@ -10,14 +10,9 @@ from numba import cuda
 from tests.helpers import BF16_TOLERANCE, pick, random_bf16, relative_error, widen
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.rope import rope, rope_inv_freq
+from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
-LLAMA_3_2_SCALING = {
-    "rope_type": "llama3",
-    "factor": 32.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
+LLAMA_3_2_SCALING = LLAMA_3_2_1B_CONFIG["rope_scaling"]
 MAX_POSITION = 131072
 
 

@@ -1,0 +1,255 @@
+"""Attention on the GPU: naive vs flash prefill, paged decode vs split-K (flash-decoding).
+
+    python -m perf.bench_attention [--repeats 30] [--sweep]
+
+Llama 3.2 1B heads (32 query, 8 KV, D 64), 16-token cache blocks in shuffled order, random
+bf16 values (no zeros). Times are medians of CUDA-event timings with a cold L2
+(perf/timing.py).
+
+Decode at batch 1, 64 and 256, every sequence at context 128 ... 8192: the plain paged
+kernel (one block per sequence and KV head), split-K at the partition count that
+`decode_attention` would pick (at least 2), and `decode_attention` itself. Effective
+bandwidth is the K and V bytes read over the time; TFLOP/s counts 4 * Hq * D per cached
+token (QK^T and PV).
+
+Prefill of whole prompts, 1 x 4096 and 16 x 1024 tokens: naive (three kernels through a
+2 GB float32 score buffer) against flash prefill; plus a chunked prefill (4 x 512 new
+tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half.
+
+Bars on the H200: flash prefill >= 10x naive at 1 x 4096; paged decode >= 3.0 TB/s at
+batch 64, context 2048; split-K >= 3x paged decode at batch 1, context 8192. `--sweep`
+also times other work splits of both kernels (their module constants) at those shapes.
+Every variant is checked too: decode against a float64 reference of the batch's first
+sequence ("err" columns), flash prefill against naive. Results go to
+perf/results/bench_attention.json.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from numba import config, cuda
+
+from perf.timing import median_ms, result_header
+from tinyvllm.kernels import attention_decode, attention_prefill
+from tinyvllm.kernels.attention_decode import (
+    BLOCKS_PER_SM,
+    decode_attention,
+    decode_partitions,
+    decode_workspace_shape,
+    multiprocessor_count,
+    paged_decode_attention,
+    split_decode_attention,
+)
+from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape
+from tinyvllm.kernels.attention_prefill import prefill_attention
+from tinyvllm.kernels.bf16 import from_bf16
+from tinyvllm.kernels.kv_cache import write_kv
+from tinyvllm.kernels.reference import causal_attention
+
+Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
+DECODE_BATCHES = (1, 64, 256)
+DECODE_CONTEXTS = (128, 512, 2048, 8192)
+PREFILLS = ((1, 4096, 0), (16, 1024, 0), (4, 512, 1536))
+"""(sequences, new tokens each, cached tokens before them)."""
+PREFILL_SWEEP = ((4, 16, 128), (2, 16, 128), (2, 32, 128), (8, 8, 128), (1, 64, 128), (4, 16, 256))
+"""(ROWS_PER_THREAD, DIMS_PER_THREAD, PREFILL_THREADS) variants; the first is the default."""
+DECODE_SWEEP = ((128, 4), (128, 2), (64, 4), (256, 4), (256, 2))
+"""(DECODE_THREADS, TOKENS_PER_STEP) variants; the first is the default."""
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_attention.json"
+THREADS = 256
+
+
+@cuda.jit
+def _fill_random_bf16(flat, seed):
+    """bf16 of magnitude 1/8 to 2 with random signs, from a hash of the index (splitmix64)."""
+    for i in range(cuda.grid(1), flat.size, cuda.gridsize(1)):
+        x = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        magnitude = np.uint64(0x3E00) + (x & np.uint64(0x1FF))
+        sign = (x >> np.uint64(40)) & np.uint64(0x8000)
+        flat[i] = np.uint16(magnitude | sign)
+
+
+_seed = iter(range(1, 1 << 30))
+
+
+def random_bf16(*shape: int):
+    array = cuda.device_array(shape, dtype=np.uint16)
+    _fill_random_bf16[1024, THREADS](array.reshape(-1), next(_seed) * 0x1234567)
+    return array
+
+
+def widen(values) -> np.ndarray:
+    """Device or host bf16 bits -> float64; float arrays pass through."""
+    values = values.copy_to_host() if hasattr(values, "copy_to_host") else np.asarray(values)
+    return from_bf16(values).astype(np.float64) if values.dtype == np.uint16 else values.astype(np.float64)
+
+
+def relative_error(actual, expected) -> float:
+    actual, expected = widen(actual), widen(expected)
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+class Cache:
+    """One K and one V cache big enough for the largest case; each case takes random blocks."""
+
+    def __init__(self, tokens: int):
+        self.num_blocks = tokens // BLOCK_SIZE
+        self.k = random_bf16(self.num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        self.v = random_bf16(self.num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        self.rng = np.random.default_rng(0)
+
+    def block_tables(self, num_seqs: int, context: int) -> np.ndarray:
+        blocks = -(-context // BLOCK_SIZE)
+        return self.rng.permutation(self.num_blocks)[: num_seqs * blocks].reshape(num_seqs, blocks).astype(np.int32)
+
+    def decode_reference(self, q, tables: np.ndarray, context: int) -> np.ndarray:
+        """float64 decode attention of sequence 0, its K and V copied back block by block."""
+        keys = np.concatenate([self.k[block].copy_to_host() for block in tables[0]])[:context]
+        values = np.concatenate([self.v[block].copy_to_host() for block in tables[0]])[:context]
+        return causal_attention(widen(q[0:1]), widen(keys), widen(values))
+
+
+def decode_case(cache: Cache, num_seqs: int, context: int, repeats: int) -> dict:
+    tables = cache.block_tables(num_seqs, context)
+    args = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM), cache.k, cache.v, cuda.to_device(tables))
+    args += (cuda.to_device(np.full(num_seqs, context, np.int32)),)
+    max_grid = BLOCKS_PER_SM * multiprocessor_count()
+    partitions = max(2, decode_partitions(num_seqs, KV_HEADS, context, max_grid))
+    workspace = cuda.device_array((num_seqs * Q_HEADS * partitions, HEAD_DIM + 2), np.float32)
+    auto_shape = decode_workspace_shape(Q_HEADS, KV_HEADS, HEAD_DIM, multiprocessor_count())
+    auto_workspace = cuda.device_array(auto_shape, np.float32)
+    plain_out, split_out, auto_out = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM) for _ in range(3))
+    plain = median_ms(lambda: paged_decode_attention(*args, plain_out), repeats=repeats)
+    split = median_ms(lambda: split_decode_attention(*args, split_out, workspace, partitions), repeats=repeats)
+    auto = median_ms(lambda: decode_attention(*args, auto_out, auto_workspace), repeats=repeats)
+    kv_bytes = num_seqs * context * KV_HEADS * HEAD_DIM * 2 * 2
+    flops = 4 * num_seqs * context * Q_HEADS * HEAD_DIM
+    expected = cache.decode_reference(args[0], tables, context)
+    return {
+        "batch": num_seqs,
+        "context": context,
+        "kv_bytes": kv_bytes,
+        "paged_ms": plain,
+        "paged_tbps": kv_bytes / plain / 1e9,
+        "paged_tflops": flops / plain / 1e9,
+        "split_partitions": partitions,
+        "split_ms": split,
+        "split_tbps": kv_bytes / split / 1e9,
+        "auto_ms": auto,
+        "auto_tbps": kv_bytes / auto / 1e9,
+        "split_vs_paged_error": relative_error(split_out, plain_out),
+        "auto_vs_paged_error": relative_error(auto_out, plain_out),
+        "paged_vs_reference_error": relative_error(plain_out[0:1], expected),
+        "split_vs_reference_error": relative_error(split_out[0:1], expected),
+    }
+
+
+def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: int, with_naive: bool) -> dict:
+    tokens = num_seqs * new
+    context = cached + new
+    tables = cache.block_tables(num_seqs, context)
+    q, out = random_bf16(tokens, Q_HEADS, HEAD_DIM), random_bf16(tokens, Q_HEADS, HEAD_DIM)
+    k, v = random_bf16(tokens, KV_HEADS, HEAD_DIM), random_bf16(tokens, KV_HEADS, HEAD_DIM)
+    positions = np.tile(np.arange(cached, context), num_seqs)
+    sequence = np.repeat(np.arange(num_seqs), new)
+    slots = tables[sequence, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
+    write_kv(k, v, cache.k, cache.v, cuda.to_device(slots.astype(np.int32)))
+    cu_seqlens = cuda.to_device(np.arange(0, tokens + 1, new, dtype=np.int32))
+    paged = (cache.k, cache.v, cuda.to_device(tables), cu_seqlens, cuda.to_device(np.full(num_seqs, context, np.int32)))
+    flash = median_ms(lambda: prefill_attention(q, *paged, out), repeats=repeats)
+    visible_keys = num_seqs * (new * cached + new * (new + 1) // 2)
+    flops = 4 * visible_keys * Q_HEADS * HEAD_DIM
+    row = {"shape": f"{num_seqs}x{new}+{cached}", "flash_ms": flash, "flash_tflops": flops / flash / 1e9}
+    if with_naive:
+        scores = cuda.device_array(naive_scratch_shape(tokens, Q_HEADS, new), np.float32)
+        naive_out = random_bf16(tokens, Q_HEADS, HEAD_DIM)
+        naive = median_ms(lambda: naive_attention(q, k, v, cu_seqlens, scores, naive_out), repeats=max(3, repeats // 10))
+        del scores
+        row.update(
+            naive_ms=naive,
+            naive_tflops=flops / naive / 1e9,
+            speedup=naive / flash,
+            flash_vs_naive_error=relative_error(out, naive_out),
+        )
+    return row
+
+
+def sweep(cache: Cache, repeats: int) -> list[dict]:
+    rows = []
+    for rows_per_thread, dims_per_thread, threads in PREFILL_SWEEP:
+        attention_prefill.ROWS_PER_THREAD = rows_per_thread
+        attention_prefill.DIMS_PER_THREAD = dims_per_thread
+        attention_prefill.PREFILL_THREADS = threads
+        row = prefill_case(cache, 1, 4096, 0, repeats, with_naive=False)
+        rows.append({"kernel": "prefill", "variant": f"rows {rows_per_thread} dims {dims_per_thread} threads {threads}"} | row)
+    attention_prefill.ROWS_PER_THREAD, attention_prefill.DIMS_PER_THREAD, attention_prefill.PREFILL_THREADS = PREFILL_SWEEP[0]
+    for threads, tokens_per_step in DECODE_SWEEP:
+        attention_decode.DECODE_THREADS = threads
+        attention_decode.TOKENS_PER_STEP = tokens_per_step
+        for num_seqs, context in ((64, 2048), (1, 8192)):
+            row = decode_case(cache, num_seqs, context, repeats)
+            rows.append({"kernel": "decode", "variant": f"threads {threads} tokens/step {tokens_per_step}"} | row)
+    attention_decode.DECODE_THREADS, attention_decode.TOKENS_PER_STEP = DECODE_SWEEP[0]
+    return rows
+
+
+def copy_tbps(repeats: int) -> float:
+    """The ceiling: a 1 GiB device-to-device copy, bytes read plus written over the time."""
+    source, target = random_bf16(1 << 29), random_bf16(1 << 29)
+    milliseconds = median_ms(lambda: target.copy_to_device(source), repeats=repeats)
+    return 2 * source.nbytes / milliseconds / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--sweep", action="store_true", help="also time other work splits at the bar shapes")
+    args = parser.parse_args()
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("bench_attention times real kernels: it needs a CUDA GPU, not the simulator")
+    cache = Cache(max(DECODE_BATCHES) * max(DECODE_CONTEXTS))
+    copy = copy_tbps(args.repeats)
+
+    decode = [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
+    prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
+    variants = sweep(cache, args.repeats) if args.sweep else []
+
+    print(f"device copy (read+write): {copy:.2f} TB/s")
+    print(f"\n{'decode':>12} {'paged ms':>9} {'TB/s':>6} {'TFLOP/s':>8} {'P':>3} {'split ms':>9} {'TB/s':>6} "
+          f"{'auto ms':>8} {'TB/s':>6} {'err paged':>9} {'err split':>9}")
+    for r in decode:
+        print(f"{r['batch']:>5} x {r['context']:>4} {r['paged_ms']:9.4f} {r['paged_tbps']:6.2f} {r['paged_tflops']:8.2f} "
+              f"{r['split_partitions']:>3} {r['split_ms']:9.4f} {r['split_tbps']:6.2f} {r['auto_ms']:8.4f} "
+              f"{r['auto_tbps']:6.2f} {r['paged_vs_reference_error']:9.1e} {r['split_vs_reference_error']:9.1e}")
+    print(f"\n{'prefill':>14} {'flash ms':>9} {'TFLOP/s':>8} {'naive ms':>9} {'TFLOP/s':>8} {'speedup':>8} {'err':>8}")
+    for r in prefill:
+        naive = (f"{r['naive_ms']:9.3f} {r['naive_tflops']:8.2f} {r['speedup']:7.1f}x {r['flash_vs_naive_error']:8.1e}"
+                 if "naive_ms" in r else f"{'-':>9} {'-':>8} {'-':>8} {'-':>8}")
+        print(f"{r['shape']:>14} {r['flash_ms']:9.3f} {r['flash_tflops']:8.2f} {naive}")
+    for r in variants:
+        if r["kernel"] == "prefill":
+            print(f"sweep prefill 1x4096 {r['variant']:>32}: {r['flash_ms']:.3f} ms {r['flash_tflops']:.2f} TFLOP/s")
+        else:
+            print(f"sweep decode {r['batch']}x{r['context']} {r['variant']:>28}: paged {r['paged_tbps']:.2f} TB/s, "
+                  f"split {r['split_ms']:.4f} ms (P {r['split_partitions']})")
+
+    bars = {
+        "flash_vs_naive_1x4096": prefill[0]["speedup"],
+        "paged_decode_tbps_64x2048": next(r["paged_tbps"] for r in decode if (r["batch"], r["context"]) == (64, 2048)),
+        "split_vs_paged_1x8192": next(r["paged_ms"] / r["split_ms"] for r in decode if (r["batch"], r["context"]) == (1, 8192)),
+    }
+    print("\nbars (need >= 10, >= 3.0, >= 3):", {k: round(v, 2) for k, v in bars.items()})
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(
+        result_header() | {"copy_tbps": copy, "bars": bars, "decode": decode, "prefill": prefill, "sweep": variants},
+        indent=2,
+    ) + "\n")
+
+
+if __name__ == "__main__":
+    main()

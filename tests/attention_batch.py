@@ -1,0 +1,106 @@
+"""Random paged-attention batches for the attention tests, and their float64 answers.
+
+A batch scatters each sequence's K and V over shuffled, non-contiguous cache blocks. Every
+cache row that belongs to no sequence's context is NaN, and so is a spare block that the
+unused block-table entries point at: a kernel that reads anything outside a context
+turns its output into NaN, which the error check rejects.
+"""
+
+import sys
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tests.helpers import BF16_NAN, SIMULATOR, random_bf16, widen
+from tinyvllm.kernels import reference
+
+
+@pytest.fixture(autouse=True, scope="module")
+def simulator_shared_arrays():
+    """Numba's CUDA simulator creates a shared array when a thread first reaches its line,
+    keyed by that line, without a lock; the key comes from reading the stack, which lets
+    other threads run. Two threads of a block that reach the line together can then get
+    different arrays, and that block computes garbage (seen in most runs of these tests).
+    Creation is made atomic here, with the same key. Nothing changes on a GPU."""
+    if not SIMULATOR:
+        yield
+        return
+    from numba.cuda import types
+    from numba.cuda.np.numpy_support import as_dtype
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    original = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            if key not in self._allocations:
+                self._allocations[key] = np.empty(shape, as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
+            return self._allocations[key]
+
+    FakeCUDAShared.array = array
+    yield
+    FakeCUDAShared.array = original
+
+
+@dataclass
+class PagedBatch:
+    q: np.ndarray  # uint16[T, Hq, D]: the new tokens, packed
+    k_cache: np.ndarray  # uint16[num_blocks, block_size, Hkv, D]
+    v_cache: np.ndarray
+    block_tables: np.ndarray  # int32[S, max_blocks]
+    cu_seqlens_q: np.ndarray  # int32[S + 1]
+    context_lens: np.ndarray  # int32[S]
+
+    def expected(self) -> np.ndarray:
+        """float64 paged attention of the widened bf16 inputs."""
+        return reference.paged_attention(
+            widen(self.q),
+            widen(self.k_cache),
+            widen(self.v_cache),
+            self.block_tables,
+            self.cu_seqlens_q,
+            self.context_lens,
+        )
+
+
+def paged_batch(
+    rng: np.random.Generator,
+    query_lens,
+    context_lens,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    extra_blocks: int = 0,
+) -> PagedBatch:
+    """Sequence s has context_lens[s] cached tokens, the last query_lens[s] of them new."""
+    query_lens = np.asarray(query_lens, np.int32)
+    context_lens = np.asarray(context_lens, np.int32)
+    blocks_needed = -(-context_lens // block_size)
+    max_blocks = int(blocks_needed.max()) + extra_blocks
+    num_blocks = int(blocks_needed.sum()) + 1
+    order = rng.permutation(num_blocks)
+    spare = order[-1]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = np.full(shape, BF16_NAN, np.uint16)
+    v_cache = np.full(shape, BF16_NAN, np.uint16)
+    block_tables = np.full((len(context_lens), max_blocks), spare, np.int32)
+    used = 0
+    for s, length in enumerate(context_lens):
+        blocks = order[used : used + blocks_needed[s]]
+        used += blocks_needed[s]
+        block_tables[s, : len(blocks)] = blocks
+        keys = random_bf16(rng, (length, num_kv_heads, head_dim))
+        values = random_bf16(rng, (length, num_kv_heads, head_dim))
+        slots = blocks[np.arange(length) // block_size] * block_size + np.arange(length) % block_size
+        reference.write_kv(keys, values, k_cache, v_cache, slots)
+    cu_seqlens_q = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    q = random_bf16(rng, (int(cu_seqlens_q[-1]), num_kv_heads * group, head_dim))
+    return PagedBatch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)

@@ -1,0 +1,323 @@
+"""PagedAttention decode: one new query token per sequence against its whole cached context.
+
+    out[s, h] = softmax(q[s, h] . K_s^T / sqrt(D)) V_s       (the context_lens[s] cached tokens)
+
+Decode is memory-bound: every cached K and V row is read once and used for a handful of
+multiply-adds, so the kernel is built around reading the cache at full bandwidth.
+
+One block per (KV head, sequence, partition). The block serves the G = Hq / Hkv query
+heads that share its KV head, so each K and V row crosses the bus once for all of them.
+A token's K row is D contiguous bf16 (128 bytes at D = 64). A *group* of D / 8 adjacent
+lanes takes one token: each lane loads 8 elements of the K row and 8 of the V row, one
+16-byte load each, dots its K slice with the G query slices it keeps in registers, and
+the group adds the partial dots with shuffles (`lane_group_sum`). The block's groups take
+consecutive tokens, so a warp reads whole rows of neighbouring tokens, and every group
+loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. Each group
+runs its own online softmax (per head: running max, sum, and its lanes' slice of the
+output); at the end the groups merge through shared memory (`attention_common`).
+
+Split-K (flash-decoding). With few sequences, S * Hkv blocks cannot fill the GPU and each
+streams a long context alone. `split_decode_attention` cuts every context into
+`num_partitions` equal parts, one block each, which write their unnormalised state
+(output slice, max, sum) to a float32 workspace; `_merge_partitions_kernel` then merges
+them. `decode_attention` is the one entry the model calls: it picks the number of
+partitions from the batch and the size of the GPU (`decode_partitions`), and runs
+whichever fits.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from tinyvllm.kernels.attention_common import (
+    LOG2_E,
+    SIMULATOR,
+    block_shift,
+    check_paged_cache,
+    check_sequences,
+    group_scratch_shape,
+    lane_group_sum,
+    rescale,
+)
+from tinyvllm.kernels.bf16 import f32_to_bf16
+from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
+
+DECODE_THREADS = 128
+TOKENS_PER_STEP = 4
+"""Tokens each lane group loads before using them: 64 bytes in flight per lane."""
+BLOCKS_PER_SM = 4
+"""Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""
+REGISTER_FILE = 65536
+"""32-bit registers per SM."""
+MIN_PARTITION_TOKENS = 256
+"""Split-K never cuts a context into parts shorter than this."""
+MAX_PARTITIONS = 64
+"""Partitions are the grid's z dimension, which CUDA caps at 64."""
+WORKSPACE_EXTRA = 2
+"""A workspace row is a partition's output slice [0, D), then its max [D] and sum [D + 1]."""
+H200_SMS = 132
+"""The simulator's stand-in for the multiprocessor count it does not report."""
+
+
+@functools.cache
+def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
+    lanes = head_dim // VECTOR
+    groups = threads // lanes
+    words = VECTOR // 2
+    step = groups * tokens_per_step
+    step_scores = tokens_per_step * group
+    scale = float32(LOG2_E / math.sqrt(head_dim))
+    scratch_shape = group_scratch_shape(threads, step_scores)
+    # A query and an accumulator slice per head stay in registers: up to G = 4 they fit
+    # in 128 a thread, past that they need the 255 maximum (and fewer resident blocks).
+    registers = 128 if group <= 4 else 255
+    resident = max(1, REGISTER_FILE // (threads * registers))
+    bounds = {} if SIMULATOR else {"launch_bounds": (threads, resident)}
+
+    @cuda.jit(**bounds)
+    def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, partition_size, result):
+        kv_head = cuda.blockIdx.x
+        seq = cuda.blockIdx.y
+        partition = cuda.blockIdx.z
+        # Unsigned cache arithmetic: Python's floor division and negative-index wraparound
+        # would otherwise cost a dozen 64-bit instructions per token.
+        shift = np.uint32(log2_block_size)
+        row_mask = (np.uint32(1) << shift) - np.uint32(1)
+        row_stride = np.uint32(cuda.gridDim.x * head_dim)
+        block_stride = np.uint64(row_stride) << np.uint64(shift)
+        lane = cuda.threadIdx.x % lanes
+        token_group = cuda.threadIdx.x // lanes
+        column = lane * VECTOR
+        start = partition * partition_size
+        end = min(context_lens[seq], start + partition_size)
+
+        query = cuda.local.array((group, VECTOR), float32)
+        acc = cuda.local.array((group, VECTOR), float32)
+        running_max = cuda.local.array(group, float32)
+        running_sum = cuda.local.array(group, float32)
+        for g in range(group):
+            q_words = load_words(q[seq, kv_head * group + g], column)
+            for w in range(words):
+                query[g, 2 * w] = low_half(q_words[w]) * scale
+                query[g, 2 * w + 1] = high_half(q_words[w]) * scale
+            for e in range(VECTOR):
+                acc[g, e] = float32(0.0)
+            running_max[g] = -math.inf
+            running_sum[g] = float32(0.0)
+
+        table = block_tables[seq]
+        head_offset = np.uint64(kv_head * head_dim + column)
+        k_words = cuda.local.array((tokens_per_step, words), np.uint32)
+        v_words = cuda.local.array((tokens_per_step, words), np.uint32)
+        scores = cuda.local.array(step_scores, float32)
+        values = cuda.local.array(VECTOR, float32)
+        scratch = cuda.shared.array(scratch_shape, float32)
+        # --8<-- [start:token-loop]
+        for base in range(start, end, step):
+            for u in range(tokens_per_step):
+                token = np.uint32(min(base + u * groups + token_group, end - 1))
+                block = np.uint64(table[token >> shift])
+                offset = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
+                k_loaded = load_words(k_flat, offset)
+                v_loaded = load_words(v_flat, offset)
+                for w in range(words):
+                    k_words[u, w] = k_loaded[w]
+                    v_words[u, w] = v_loaded[w]
+            for u in range(tokens_per_step):
+                for g in range(group):
+                    dot = float32(0.0)
+                    for w in range(words):
+                        dot += query[g, 2 * w] * low_half(k_words[u, w])
+                        dot += query[g, 2 * w + 1] * high_half(k_words[u, w])
+                    scores[u * group + g] = dot
+            lane_group_sum(scores, lanes, scratch)
+            for u in range(tokens_per_step):
+                if base + u * groups + token_group < end:
+                    for w in range(words):
+                        values[2 * w] = low_half(v_words[u, w])
+                        values[2 * w + 1] = high_half(v_words[u, w])
+                    for g in range(group):
+                        score = scores[u * group + g]
+                        if score > running_max[g]:
+                            factor = rescale(running_max[g], score)
+                            running_sum[g] *= factor
+                            for e in range(VECTOR):
+                                acc[g, e] *= factor
+                            running_max[g] = score
+                        weight = math.exp2(score - running_max[g])
+                        running_sum[g] += weight
+                        for e in range(VECTOR):
+                            acc[g, e] += weight * values[e]
+        # --8<-- [end:token-loop]
+
+        group_max = cuda.shared.array((groups, group), float32)
+        group_sum = cuda.shared.array((groups, group), float32)
+        group_acc = cuda.shared.array((groups, head_dim), float32)
+        if lane == 0:
+            for g in range(group):
+                group_max[token_group, g] = running_max[g]
+        cuda.syncthreads()
+        for g in range(group):
+            merged_max = float32(-math.inf)
+            for other in range(groups):
+                merged_max = max(merged_max, group_max[other, g])
+            factor = rescale(running_max[g], merged_max)
+            for e in range(VECTOR):
+                group_acc[token_group, column + e] = acc[g, e] * factor
+            if lane == 0:
+                group_sum[token_group, g] = running_sum[g] * factor
+            cuda.syncthreads()
+            head = kv_head * group + g
+            for d in range(cuda.threadIdx.x, head_dim, threads):
+                total = float32(0.0)
+                merged_sum = float32(0.0)
+                for other in range(groups):
+                    total += group_acc[other, d]
+                    merged_sum += group_sum[other, g]
+                if split:
+                    slot = (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z + partition
+                    result[slot, d] = total
+                    if d == 0:
+                        result[slot, head_dim] = merged_max
+                        result[slot, head_dim + 1] = merged_sum
+                else:
+                    result[seq, head, d] = f32_to_bf16(total / merged_sum)
+            cuda.syncthreads()
+
+    return decode
+
+
+# --8<-- [start:merge]
+@cuda.jit
+def _merge_partitions_kernel(workspace, num_partitions, out):
+    head = cuda.blockIdx.x
+    seq = cuda.blockIdx.y
+    head_dim = out.shape[2]
+    first = (seq * out.shape[1] + head) * num_partitions
+    overall_max = float32(-math.inf)
+    for p in range(num_partitions):
+        overall_max = max(overall_max, workspace[first + p, head_dim])
+    for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
+        total = float32(0.0)
+        weight_sum = float32(0.0)
+        for p in range(num_partitions):
+            factor = rescale(workspace[first + p, head_dim], overall_max)
+            total += workspace[first + p, d] * factor
+            weight_sum += workspace[first + p, head_dim + 1] * factor
+        out[seq, head, d] = f32_to_bf16(total / weight_sum)
+# --8<-- [end:merge]
+
+
+def _check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[int, int, int, int, int, int]:
+    num_seqs, num_heads, num_kv_heads, head_dim, block_size = check_paged_cache(q, k_cache, v_cache, out)
+    _, max_blocks = check_sequences(block_tables, context_lens, num_seqs)
+    if head_dim // VECTOR > 32 or (head_dim // VECTOR) & (head_dim // VECTOR - 1):
+        raise ValueError(f"head_dim {head_dim}: decode needs D / {VECTOR} to be a power of two up to 32")
+    return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
+
+
+def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, partition_size, stream) -> None:
+    """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    threads = max(DECODE_THREADS, head_dim // VECTOR)
+    group = num_heads // num_kv_heads
+    split = result.dtype == np.float32
+    kernel = _decode_kernel(head_dim, group, threads, TOKENS_PER_STEP, split)
+    grid = (num_kv_heads, num_seqs, partitions)
+    k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
+    shift = block_shift(block_size)
+    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, partition_size, result)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, *, stream=0) -> None:
+    """One block per (sequence, KV head) over the whole context: out[S, Hq, D] bf16.
+
+    q: uint16[S, Hq, D] (one token per sequence, already in the cache); k_cache, v_cache:
+    uint16[num_blocks, block_size, Hkv, D]; block_tables: int32[S, max_blocks];
+    context_lens: int32[S], each at least 1 and at most max_blocks * block_size.
+    """
+    num_seqs, *_, max_blocks = _check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
+    if num_seqs == 0:
+        return
+    _launch(q, k_cache, v_cache, block_tables, context_lens, out, 1, max_blocks * k_cache.shape[1], stream)
+
+
+def split_decode_attention(
+    q, k_cache, v_cache, block_tables, context_lens, out, workspace, num_partitions: int, *, stream=0
+) -> None:
+    """Flash-decoding: each context in `num_partitions` parts computed in parallel, then merged.
+
+    workspace: float32[rows, D + 2] with rows >= S * Hq * num_partitions (see
+    `decode_workspace_shape`). Other arguments as in `paged_decode_attention`.
+    """
+    num_seqs, num_heads, _, head_dim, block_size, max_blocks = _check_decode(
+        q, k_cache, v_cache, block_tables, context_lens, out
+    )
+    rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
+    if not 1 <= num_partitions <= MAX_PARTITIONS:
+        raise ValueError(f"num_partitions must be 1 to {MAX_PARTITIONS}, got {num_partitions}")
+    if rows < num_seqs * num_heads * num_partitions:
+        needed = num_seqs * num_heads * num_partitions
+        raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
+    if num_seqs == 0:
+        return
+    partition_size = -(-max_blocks * block_size // num_partitions)
+    _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, partition_size, stream)
+    threads = min(DECODE_THREADS, head_dim)
+    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, num_partitions, out)
+
+
+# --8<-- [start:partitions]
+def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, max_grid: int) -> int:
+    """How many parts to cut each context into: enough blocks to fill the GPU, none tiny.
+
+    max_grid is the number of decode blocks the GPU holds at once (BLOCKS_PER_SM per SM).
+    S * Hkv blocks that already fill it need no split; fewer get as many parts as keep
+    the grid within it, each at least MIN_PARTITION_TOKENS long (and MAX_PARTITIONS at most).
+    """
+    by_occupancy = max_grid // max(1, num_seqs * num_kv_heads)
+    by_length = max_context_len // MIN_PARTITION_TOKENS
+    return max(1, min(by_occupancy, by_length, MAX_PARTITIONS))
+# --8<-- [end:partitions]
+
+
+def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int) -> tuple[int, int]:
+    """The float32 workspace of `decode_attention` on a GPU with num_sms SMs, for any batch.
+
+    Split-K keeps S * Hkv * partitions <= BLOCKS_PER_SM * num_sms, one row per query head.
+    """
+    return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
+
+
+@functools.cache
+def multiprocessor_count() -> int:
+    """The current GPU's SM count (the H200's under the simulator, which reports none)."""
+    if SIMULATOR:
+        return H200_SMS
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:
+    """Decode attention; split-K when the batch alone cannot fill the GPU.
+
+    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`;
+    its row count tells how large a grid the GPU holds. The number of partitions depends
+    only on shapes (S, Hkv, max_blocks * block_size, the workspace), so a captured CUDA
+    graph replays the same choice.
+    """
+    num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks = _check_decode(
+        q, k_cache, v_cache, block_tables, context_lens, out
+    )
+    rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
+    max_grid = rows // (num_heads // num_kv_heads)
+    partitions = decode_partitions(num_seqs, num_kv_heads, max_blocks * block_size, max_grid)
+    if partitions == 1:
+        paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, stream=stream)
+    else:
+        split_decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, out, workspace, partitions, stream=stream
+        )
