@@ -6,47 +6,12 @@ unused block-table entries point at: a kernel that reads anything outside a cont
 turns its output into NaN, which the error check rejects.
 """
 
-import sys
-import threading
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
 
-from tests.helpers import BF16_NAN, SIMULATOR, random_bf16, widen
+from tests.helpers import BF16_NAN, random_bf16, widen
 from tinyvllm.kernels import reference
-
-
-@pytest.fixture(autouse=True, scope="module")
-def simulator_shared_arrays():
-    """Numba's CUDA simulator creates a shared array when a thread first reaches its line,
-    keyed by that line, without a lock; the key comes from reading the stack, which lets
-    other threads run. Two threads of a block that reach the line together can then get
-    different arrays, and that block computes garbage (seen in most runs of these tests).
-    Creation is made atomic here, with the same key. Nothing changes on a GPU."""
-    if not SIMULATOR:
-        yield
-        return
-    from numba.cuda import types
-    from numba.cuda.np.numpy_support import as_dtype
-    from numba.cuda.simulator.kernelapi import FakeCUDAShared
-
-    original = FakeCUDAShared.array
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            return original(self, shape, dtype, alignment)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)
-        with lock:
-            if key not in self._allocations:
-                self._allocations[key] = np.empty(shape, as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
-            return self._allocations[key]
-
-    FakeCUDAShared.array = array
-    yield
-    FakeCUDAShared.array = original
 
 
 @dataclass

@@ -9,6 +9,7 @@ ones on the GPU.
 
 import os
 import sys
+import threading
 
 from tinyvllm.hardware import has_cuda_gpu
 
@@ -16,6 +17,7 @@ from tinyvllm.hardware import has_cuda_gpu
 if not has_cuda_gpu():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
@@ -39,6 +41,38 @@ if SIMULATOR:
     # every barrier; a short GIL switch interval hands them the interpreter sooner
     # (about 10x faster kernels).
     sys.setswitchinterval(5e-5)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def simulator_shared_arrays():
+    """Numba's CUDA simulator creates a shared array when a thread first reaches its line,
+    keyed by that line, without a lock; the key comes from reading the stack, which lets
+    other threads run. Two threads of a block that reach the line together can then get
+    different arrays, and that block computes garbage (seen in most runs of the attention
+    tests). Creation is made atomic here, with the same key. Nothing changes on a GPU."""
+    if not SIMULATOR:
+        yield
+        return
+    from numba.cuda import types
+    from numba.cuda.np.numpy_support import as_dtype
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    original = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            if key not in self._allocations:
+                self._allocations[key] = np.empty(shape, as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
+            return self._allocations[key]
+
+    FakeCUDAShared.array = array
+    yield
+    FakeCUDAShared.array = original
 
 
 def pytest_collection_modifyitems(config, items):

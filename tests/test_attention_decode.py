@@ -6,11 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.attention_batch import paged_batch, simulator_shared_arrays  # noqa: F401
+from tests.attention_batch import paged_batch
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, relative_error, widen
 from tinyvllm.kernels import attention_decode
 from tinyvllm.kernels.attention_decode import (
     BLOCKS_PER_SM,
+    MAX_PARTITIONS,
     MIN_PARTITION_TOKENS,
     decode_attention,
     decode_partitions,
@@ -114,12 +115,16 @@ def test_decode_attention_matches_reference_whichever_path_it_takes(batch, num_s
 def test_decode_partitions_fill_the_grid_without_tiny_parts(num_seqs, num_kv_heads, max_context_len, num_sms):
     max_grid = BLOCKS_PER_SM * num_sms
     partitions = decode_partitions(num_seqs, num_kv_heads, max_context_len, max_grid)
-    assert partitions >= 1
+    assert 1 <= partitions <= MAX_PARTITIONS
     if partitions > 1:
         assert num_seqs * num_kv_heads * partitions <= max_grid
         assert max_context_len // partitions >= MIN_PARTITION_TOKENS
     if num_seqs * num_kv_heads * 2 <= max_grid and max_context_len >= 2 * MIN_PARTITION_TOKENS:
         assert partitions > 1
+    if partitions < MAX_PARTITIONS:
+        assert num_seqs * num_kv_heads * (partitions + 1) > max_grid or max_context_len // (partitions + 1) < (
+            MIN_PARTITION_TOKENS
+        )
 
 
 def test_decode_partitions_on_the_h200():
@@ -185,6 +190,8 @@ def test_split_needs_enough_workspace_rows_and_partitions():
         split_decode_attention(**arguments, num_partitions=3)
     with pytest.raises(ValueError, match="num_partitions"):
         split_decode_attention(**arguments, num_partitions=0)
+    with pytest.raises(ValueError, match="num_partitions"):
+        split_decode_attention(**arguments, num_partitions=MAX_PARTITIONS + 1)
 
 
 @pytest.mark.gpu

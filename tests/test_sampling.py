@@ -7,7 +7,6 @@ the kernel's frequencies over many seeds and offsets pass a chi-square test agai
 """
 
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import SIMULATOR, pick, poisoned
+from tests.helpers import pick, poisoned
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.rng import GUMBEL_MAX, gumbel_noise
 from tinyvllm.kernels.sampling import MAX_VOCAB, argmax, pack_sampling_params, sample
