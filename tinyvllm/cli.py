@@ -120,6 +120,28 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from tinyvllm import benchmark
+    from tinyvllm.engine import LLM
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    vocab = llm.engine.config.vocab_size
+    if args.run == "latency":
+        result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens)
+        rows = [("time to first token (ms)", result["time_to_first_token_ms"]),
+                ("decode ms/token", result["decode_ms_per_token"]),
+                ("decode tok/s", result["decode_tok_per_s"])]
+    else:
+        workload = benchmark.random_workload(args.requests, (args.min_len, args.max_len),
+                                             (args.min_len, args.max_len), vocab)
+        result = benchmark.throughput(llm, workload)
+        rows = [("requests", result["requests"]), ("output tokens", result["output_tokens"]),
+                ("seconds", result["seconds"]), ("output tok/s", result["output_tok_per_s"])]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value:12.2f}" if isinstance(value, float) else f"{name:<{width}}  {value:12d}")
+
+
 def cmd_convert(args: argparse.Namespace) -> None:
     from tinyvllm.gguf import convert_gguf
 
@@ -154,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
     add_engine_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
+
+    bench = commands.add_parser("bench", help="latency (batch-1 decode) or offline throughput, as a table")
+    bench.add_argument("run", choices=("latency", "throughput"))
+    bench.add_argument("--prompt-len", type=int, default=128, help="latency: prompt tokens")
+    bench.add_argument("--new-tokens", type=int, default=256, help="latency: tokens to generate")
+    bench.add_argument("--requests", type=int, default=256, help="throughput: number of requests")
+    bench.add_argument("--min-len", type=int, default=100, help="throughput: shortest prompt and output")
+    bench.add_argument("--max-len", type=int, default=1024, help="throughput: longest prompt and output")
+    add_engine_arguments(bench)
+    bench.set_defaults(handler=cmd_bench)
 
     convert = commands.add_parser("convert", help="convert a GGUF file into a Hugging Face model directory")
     convert.add_argument("gguf", help="the .gguf file")
