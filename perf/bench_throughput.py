@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--no-peer", action="store_true")
-    parser.add_argument("--num-blocks", type=int, default=40000, help="KV blocks (16 tokens each)")
+    parser.add_argument("--num-blocks", type=int, help="KV blocks (16 tokens each); default: sized by "
+                        "gpu_memory_utilization 0.9")
     parser.add_argument("--enforce-eager", action="store_true")
     args = parser.parse_args()
 

@@ -9,9 +9,12 @@ honest number, and each timed run deals with both before its start event:
   hold kernel first sleeps on the GPU for HOLD_US; the start event, the call's kernels
   and the end event queue up behind it and run back to back once it finishes.
 - The H200's 60 MB L2 would serve small inputs from cache on every run after the first,
-  where the model reads them from HBM. So a flush kernel first writes a buffer several
+  where the model reads them from HBM. So a flush kernel first reads a buffer several
   times the L2's size, which evicts the inputs (the same effect as rotating copies of
-  them, for inputs of any size).
+  them, for inputs of any size). It reads rather than writes: a written buffer would
+  leave the L2 full of dirty lines, and the timed kernel would pay for writing them back
+  to HBM as it evicts them (about one byte written per byte read, which halves the
+  bandwidth a streaming kernel sees).
 
 `result_header()` is what each results JSON starts with: device, date, git revision and
 the command that produced it. Outside a git checkout (the device machine gets a copy of
@@ -38,9 +41,13 @@ THREADS = 256
 
 
 @cuda.jit
-def _flush_kernel(buffer, value):
+def _flush_kernel(buffer, never, sink):
+    """Reads every word of buffer; writes sink only if one equals `never`, which none does."""
+    found = np.uint32(0)
     for i in range(cuda.grid(1), buffer.size, cuda.gridsize(1)):
-        buffer[i] = value
+        found |= np.uint32(buffer[i] == never)
+    if found:
+        sink[0] = never
 
 
 @cuda.jit
@@ -50,14 +57,16 @@ def _hold_kernel(microseconds):
 
 
 @functools.cache
-def _flush_buffer():
-    return cuda.device_array(FLUSH_BYTES // 4, dtype=np.uint32)
+def _flush_buffers():
+    """A zeroed buffer to read (zeroed so that `never` = 1 is never found) and a sink."""
+    buffer = cuda.to_device(np.zeros(FLUSH_BYTES // 4, dtype=np.uint32))
+    return buffer, cuda.device_array(1, dtype=np.uint32)
 
 
 # --8<-- [start:median]
-def _prepare(run: int, stream) -> None:
-    buffer = _flush_buffer()
-    _flush_kernel[1024, THREADS, stream](buffer, np.uint32(run))
+def _prepare(stream) -> None:
+    buffer, sink = _flush_buffers()
+    _flush_kernel[1024, THREADS, stream](buffer, np.uint32(1), sink)
     _hold_kernel[1, 1, stream](HOLD_US)
 
 
@@ -66,8 +75,8 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
     for _ in range(warmup):
         call()
     events = []
-    for run in range(repeats):
-        _prepare(run, stream)
+    for _ in range(repeats):
+        _prepare(stream)
         start, end = cuda.event(), cuda.event()
         start.record(stream)
         call()

@@ -34,7 +34,6 @@ def gpu_llm(smollm2):
     return LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096)
 
 
-
 def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     conversations = [[{"role": "user", "content": text}] for text in CHATS]
@@ -113,3 +112,16 @@ def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
     for batch in (prompts[:1], prompts[:3], prompts):
         expected = [output.token_ids for output in eager.generate(batch, params[: len(batch)])]
         assert [output.token_ids for output in gpu_llm.generate(batch, params[: len(batch)])] == expected
+
+
+def test_memory_sizing_survives_a_dropped_engine(smollm2):
+    """gpu_memory_utilization sizing, twice in one process: the second engine finds the
+    first one's memory free again as soon as the first is dropped."""
+    first = LLM(smollm2, backend="cuda", gpu_memory_utilization=0.5, max_model_len=2048)
+    blocks = first.engine.runner.num_blocks
+    assert blocks > 0
+    del first
+    second = LLM(smollm2, backend="cuda", gpu_memory_utilization=0.5, max_model_len=2048)
+    assert second.engine.runner.num_blocks >= 0.95 * blocks
+    output = second.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    assert len(output.token_ids) == 4

@@ -6,6 +6,8 @@ operators allocate nothing. Under Numba's CUDA simulator the same class runs the
 on the CPU (the engine tests use that).
 """
 
+import gc
+
 import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
@@ -69,9 +71,18 @@ class CudaBackend:
         graph.launch(stream=self.cupy_stream)
 
     def memory_info(self) -> tuple[int, int]:
-        """(free, total) bytes of device memory."""
+        """(free, total) bytes of device memory, counting what dead arrays held as free.
+
+        Numba frees device memory lazily: a dropped array's memory goes on a pending list
+        that is released in batches. Arrays of a dropped engine still in reference cycles
+        wait for the garbage collector. Both are flushed first, so that memory sizing (the
+        KV arena) sees what is really available.
+        """
         self.stream.synchronize()
-        return tuple(cuda.current_context().get_memory_info())
+        gc.collect()
+        context = cuda.current_context()
+        context.deallocations.clear()
+        return tuple(context.get_memory_info())
 
     # -- operators ---------------------------------------------------------------
     def embedding(self, token_ids, table, out) -> None:

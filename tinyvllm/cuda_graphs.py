@@ -60,10 +60,14 @@ def pad_decode_step(step: HostStep, size: int) -> HostStep:
 
 # --8<-- [start:graphs]
 class DecodeGraphs:
-    """The captured decode steps of one runner, keyed by bucket size."""
+    """The captured decode steps of one runner, keyed by bucket size.
 
-    def __init__(self, runner, buckets: list[int]):
-        self.runner = runner
+    The runner is passed to each call rather than kept: the runner holds this object, and
+    a reference back would make a cycle that keeps a dropped engine's GPU memory alive
+    until the garbage collector happens to run.
+    """
+
+    def __init__(self, buckets: list[int]):
         self.buckets = buckets
         self.graphs = {}
 
@@ -71,23 +75,22 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def capture(self, template: HostStep) -> None:
+    def capture(self, runner, template: HostStep) -> None:
         """Capture every bucket, largest first, from a valid one-sequence decode step."""
-        backend, buffers = self.runner.backend, self.runner.buffers
         for size in reversed(self.buckets):
-            inputs = buffers.upload(pad_decode_step(template, size))
-            self.runner.forward_and_sample(inputs)
-            backend.synchronize()
-            backend.begin_capture()
-            self.runner.forward_and_sample(inputs)
-            self.graphs[size] = backend.end_capture()
+            inputs = runner.buffers.upload(pad_decode_step(template, size))
+            runner.forward_and_sample(inputs)
+            runner.backend.synchronize()
+            runner.backend.begin_capture()
+            runner.forward_and_sample(inputs)
+            self.graphs[size] = runner.backend.end_capture()
 
-    def replay(self, step: HostStep) -> np.ndarray:
+    def replay(self, runner, step: HostStep) -> np.ndarray:
         """Run a decode step of B <= max_batch sequences; return its B sampled tokens."""
         batch = step.token_ids.shape[0]
         size = next(bucket for bucket in self.buckets if bucket >= batch)
-        buffers: StepBuffers = self.runner.buffers
+        buffers: StepBuffers = runner.buffers
         buffers.upload(pad_decode_step(step, size))
-        self.runner.backend.launch_graph(self.graphs[size])
-        return self.runner.backend.download(buffers.sampled[:batch])
+        runner.backend.launch_graph(self.graphs[size])
+        return runner.backend.download(buffers.sampled[:batch])
 # --8<-- [end:graphs]

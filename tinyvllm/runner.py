@@ -42,7 +42,7 @@ class ModelRunner:
 
     def capture_decode_graphs(self) -> None:
         """Capture the decode step for every batch-size bucket (after the arena exists)."""
-        graphs = DecodeGraphs(self, graph_buckets(self.limits.max_num_seqs))
+        graphs = DecodeGraphs(graph_buckets(self.limits.max_num_seqs))
         template = HostStep(
             token_ids=np.zeros(1, np.int32),
             positions=np.zeros(1, np.int32),
@@ -58,7 +58,7 @@ class ModelRunner:
             sample_positions=np.zeros(1, np.int64),
             num_decode=1,
         )
-        graphs.capture(template)
+        graphs.capture(self, template)
         self.graphs = graphs
 
     # --8<-- [start:warm-up]
@@ -83,7 +83,7 @@ class ModelRunner:
         step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq)
         decode_only = step.num_decode == step.context_lens.shape[0]
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
-            return self.graphs.replay(step)
+            return self.graphs.replay(self, step)
         return self.backend.download(self.forward_and_sample(self.buffers.upload(step)))
 
     def forward_and_sample(self, inputs: StepInputs):

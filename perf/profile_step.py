@@ -1,0 +1,177 @@
+"""Where a decode step's time goes: GPU time per operator, graph replay, host overhead.
+
+    python -m perf.profile_step [--model llama-1b] [--batches 1 64 256] [--context 512]
+
+For each batch size B the engine admits B requests of `context` random prompt tokens and
+runs their prefills; from then on every step is a decode step of B sequences. Then:
+
+- per operator: one decode step run eagerly with a CUDA event before and after every
+  backend call. A hold kernel (perf/timing.py) first keeps the GPU busy long enough for
+  all of the step's launches to queue behind it, so the events time the kernels back to
+  back, as a graph runs them, not the Python launch overhead between them. The L2 is
+  warm, as it is inside a real step.
+- graph: the captured decode graph of B's bucket, replayed behind a hold kernel (median).
+- host overhead: the wall time of `LLMEngine.step()` minus the graph's GPU time, i.e.
+  what the step spends in Python (schedule, metadata, upload, sync, postprocess,
+  detokenize) while the GPU does not work for it. Issue bar: <= 300 us at batch 256.
+
+Results: perf/results/profile_step.json.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from perf.models import model_dir
+from perf.timing import _hold_kernel, result_header
+from tinyvllm.engine import LLMEngine
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.step import build_step
+
+RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
+OPERATORS = frozenset({
+    "embedding", "gather_rows", "rmsnorm", "linear", "rope", "silu_mul", "write_kv",
+    "prefill_attention", "decode_attention", "sample",
+})
+HOLD_US = 100_000
+REPEATS = 20
+
+
+class TimedBackend:
+    """The backend, with every operator call between two CUDA events."""
+
+    def __init__(self, backend):
+        self._backend = backend
+        self.records: list[tuple[str, object, object]] = []
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._backend, name)
+        if name not in OPERATORS:
+            return attribute
+
+        def timed(*args, **kwargs):
+            start, end = cuda.event(), cuda.event()
+            start.record(self._backend.stream)
+            attribute(*args, **kwargs)
+            end.record(self._backend.stream)
+            self.records.append((_label(name, args), start, end))
+
+        return timed
+
+
+def _label(name: str, args: tuple) -> str:
+    if name == "linear":
+        n, k = args[1].shape
+        return f"linear {k}->{n}"
+    return name
+
+
+def _hold(stream) -> None:
+    _hold_kernel[1, 1, stream](HOLD_US)
+
+
+def operator_times(engine: LLMEngine) -> tuple[dict, list]:
+    """Per-operator GPU microseconds of one eager decode step; the step itself then runs."""
+    runner = engine.runner
+    batch = engine.scheduler.schedule()
+    timed = TimedBackend(runner.backend)
+    step = build_step(batch, runner.limits.block_size, runner.limits.max_blocks_per_seq)
+    inputs = runner.buffers.upload(step)
+    runner.model.backend = runner.backend = timed
+    _hold(timed.stream)
+    runner.forward_and_sample(inputs)
+    runner.model.backend = runner.backend = timed._backend
+    cuda.synchronize()
+    engine.scheduler.postprocess(batch, runner.execute(batch))
+    totals = defaultdict(lambda: [0, 0.0])
+    for label, start, end in timed.records:
+        totals[label][0] += 1
+        totals[label][1] += start.elapsed_time(end) * 1e3
+    span_us = timed.records[0][1].elapsed_time(timed.records[-1][2]) * 1e3
+    return {"span_us": span_us}, [
+        {"operator": label, "calls": calls, "total_us": total, "us_per_call": total / calls}
+        for label, (calls, total) in sorted(totals.items(), key=lambda item: -item[1][1])
+    ]
+
+
+def graph_us(engine: LLMEngine, batch_size: int) -> float:
+    """Median GPU time of the decode graph replay for batch_size (its bucket)."""
+    graphs, backend = engine.runner.graphs, engine.runner.backend
+    bucket = next(size for size in graphs.buckets if size >= batch_size)
+    times = []
+    for _ in range(REPEATS):
+        _hold(backend.stream)
+        start, end = cuda.event(), cuda.event()
+        start.record(backend.stream)
+        backend.launch_graph(graphs.graphs[bucket])
+        end.record(backend.stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def step_wall_us(engine: LLMEngine) -> float:
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
+    params = SamplingParams(temperature=0.0, max_tokens=4 * REPEATS + 8, ignore_eos=True)
+    vocab = engine.config.vocab_size
+    ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params) for _ in range(batch_size)]
+    prefilling = set(ids)
+    while prefilling:
+        prefilling -= {output.request_id for output in engine.step()}
+    summary, operators = operator_times(engine)
+    graph = graph_us(engine, batch_size)
+    wall = step_wall_us(engine)
+    for request_id in ids:
+        engine.abort(request_id)
+    return {
+        "batch": batch_size,
+        "context": context,
+        "eager_span_us": summary["span_us"],
+        "graph_us": graph,
+        "step_wall_us": wall,
+        "host_overhead_us": wall - graph,
+        "operators": operators,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-1b")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--num-blocks", type=int, default=20000)
+    args = parser.parse_args()
+
+    engine = LLMEngine(model_dir(args.model), max_model_len=2048, num_blocks=args.num_blocks)
+    rng = np.random.default_rng(0)
+    runs = [profile_batch(engine, batch, args.context, rng) for batch in args.batches]
+    for run in runs:
+        print(f"\nbatch {run['batch']} context {run['context']}: graph {run['graph_us']:.0f} us, eager kernels "
+              f"{run['eager_span_us']:.0f} us, engine step {run['step_wall_us']:.0f} us, host overhead "
+              f"{run['host_overhead_us']:.0f} us")
+        kernel_total = sum(op["total_us"] for op in run["operators"])
+        print(f"{'operator':<24} {'calls':>5} {'total us':>9} {'us/call':>8} {'share':>6}")
+        for op in run["operators"]:
+            print(f"{op['operator']:<24} {op['calls']:>5} {op['total_us']:>9.1f} {op['us_per_call']:>8.2f} "
+                  f"{op['total_us'] / kernel_total:>6.1%}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "runs": runs}, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
