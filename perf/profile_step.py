@@ -14,12 +14,15 @@ runs their prefills; from then on every step is a decode step of B sequences. Th
 - host overhead: the wall time of `LLMEngine.step()` minus the graph's GPU time, i.e.
   what the step spends in Python (schedule, metadata, upload, sync, postprocess,
   detokenize) while the GPU does not work for it. Issue bar: <= 300 us at batch 256.
+  Then a cProfile of the same steps names the host functions that take the time.
 
 Results: perf/results/profile_step.json.
 """
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -125,8 +128,24 @@ def step_wall_us(engine: LLMEngine) -> float:
     return statistics.median(times)
 
 
+def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
+    """cProfile of REPEATS engine steps: the functions with the most time of their own."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(REPEATS):
+        engine.step()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return [
+        {"function": f"{Path(file).name}:{line}({name})", "calls_per_step": calls / REPEATS,
+         "own_us_per_step": own * 1e6 / REPEATS, "total_us_per_step": total * 1e6 / REPEATS}
+        for (file, line, name), (_, calls, own, total, _) in rows
+    ]
+
+
 def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
-    params = SamplingParams(temperature=0.0, max_tokens=4 * REPEATS + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=5 * REPEATS + 8, ignore_eos=True)
     vocab = engine.config.vocab_size
     ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params) for _ in range(batch_size)]
     prefilling = set(ids)
@@ -135,6 +154,7 @@ def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.rand
     summary, operators = operator_times(engine)
     graph = graph_us(engine, batch_size)
     wall = step_wall_us(engine)
+    host = host_functions(engine)
     for request_id in ids:
         engine.abort(request_id)
     return {
@@ -145,6 +165,7 @@ def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.rand
         "step_wall_us": wall,
         "host_overhead_us": wall - graph,
         "operators": operators,
+        "host_functions": host,
     }
 
 
@@ -168,6 +189,10 @@ def main() -> None:
         for op in run["operators"]:
             print(f"{op['operator']:<24} {op['calls']:>5} {op['total_us']:>9.1f} {op['us_per_call']:>8.2f} "
                   f"{op['total_us'] / kernel_total:>6.1%}")
+        print(f"{'host function (cProfile, per step)':<58} {'calls':>7} {'own us':>8} {'total us':>9}")
+        for row in run["host_functions"]:
+            print(f"{row['function'][:58]:<58} {row['calls_per_step']:>7.1f} {row['own_us_per_step']:>8.1f} "
+                  f"{row['total_us_per_step']:>9.1f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "runs": runs}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
