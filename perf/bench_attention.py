@@ -45,7 +45,6 @@ from tinyvllm.kernels.attention_decode import (
 from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.bf16 import from_bf16
-from tinyvllm.kernels.kv_cache import write_kv
 from tinyvllm.kernels.reference import causal_attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
@@ -114,6 +113,14 @@ class Cache:
         return causal_attention(widen(q[0:1]), widen(keys), widen(values))
 
 
+def upload_blocks(cache_half, rows, slots: np.ndarray) -> None:
+    """cache_half[slot] = rows[token] for whole blocks of BLOCK_SIZE tokens (every prefill case
+    starts and ends on a block boundary), through the host: one copy per block."""
+    host = rows.copy_to_host()
+    for token in range(0, len(slots), BLOCK_SIZE):
+        cache_half[slots[token] // BLOCK_SIZE].copy_to_device(host[token : token + BLOCK_SIZE])
+
+
 def decode_case(cache: Cache, num_seqs: int, context: int, repeats: int) -> dict:
     tables = cache.block_tables(num_seqs, context)
     args = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM), cache.k, cache.v, cuda.to_device(tables))
@@ -158,7 +165,10 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
     positions = np.tile(np.arange(cached, context), num_seqs)
     sequence = np.repeat(np.arange(num_seqs), new)
     slots = tables[sequence, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
-    write_kv(k, v, cache.k, cache.v, cuda.to_device(slots.astype(np.int32)))
+    if cached % BLOCK_SIZE or new % BLOCK_SIZE:
+        raise ValueError(f"prefill {num_seqs}x{new}+{cached}: cached and new must be multiples of {BLOCK_SIZE}")
+    upload_blocks(cache.k, k, slots)
+    upload_blocks(cache.v, v, slots)
     cu_seqlens = cuda.to_device(np.arange(0, tokens + 1, new, dtype=np.int32))
     paged = (cache.k, cache.v, cuda.to_device(tables), cu_seqlens, cuda.to_device(np.full(num_seqs, context, np.int32)))
     flash = median_ms(lambda: prefill_attention(q, *paged, out), repeats=repeats)

@@ -9,10 +9,10 @@ written once) over the time. The ceiling is a device-to-device copy, 4.25 TB/s r
 on the H200; the copy is timed in the same run too.
 
 Shapes: RMSNorm (alone and fused with the residual add) and SiLU*up at hidden 8192 (the
-bar); RoPE at Llama 3.2 1B's 32 query and 8 KV heads of 64; embedding from a 128256 x
-2048 table; the KV write of 8 heads of 64 into a 16-token-block cache. Bars on the H200:
-RMSNorm and SiLU*up at least 3 TB/s at 4096 tokens. Results go to
-perf/results/bench_elementwise.json.
+bar); RoPE + KV write at Llama 3.2 1B's 32 query and 8 KV heads of 64, from the fused qkv
+projection into q and a 16-token-block cache at shuffled slots; embedding from a 128256 x
+2048 table. Bars on the H200: RMSNorm and SiLU*up at least 3 TB/s at 4096 tokens.
+Results go to perf/results/bench_elementwise.json.
 """
 
 import argparse
@@ -26,9 +26,8 @@ from numba import config, cuda
 from perf.timing import median_ms, result_header
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.embedding import embedding
-from tinyvllm.kernels.kv_cache import write_kv
 from tinyvllm.kernels.rmsnorm import rmsnorm
-from tinyvllm.kernels.rope import rope, rope_inv_freq
+from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
 from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 COPY_CEILING_TBPS = 4.25
@@ -69,29 +68,27 @@ def cases(tokens: int):
     gate_up, activated = random_bf16(tokens, 2 * HIDDEN), random_bf16(tokens, HIDDEN)
     yield "silu_mul", f"{tokens}x2x{HIDDEN}", 3 * row_bytes, lambda: silu_mul(gate_up, activated)
 
-    q, k = random_bf16(tokens, Q_HEADS, HEAD_DIM), random_bf16(tokens, KV_HEADS, HEAD_DIM)
+    qkv_heads = Q_HEADS + 2 * KV_HEADS
+    qkv, q = random_bf16(tokens, qkv_heads * HEAD_DIM), random_bf16(tokens, Q_HEADS, HEAD_DIM)
     positions = cuda.to_device(rng.integers(0, 131072, tokens, dtype=np.int32))
     inv_freq = cuda.to_device(rope_inv_freq(HEAD_DIM, 500000.0, LLAMA_3_2_SCALING))
-    rope_bytes = 2 * tokens * (Q_HEADS + KV_HEADS) * HEAD_DIM * 2 + tokens * 4 + HEAD_DIM * 2
-    yield "rope", f"{tokens}x({Q_HEADS}+{KV_HEADS})x{HEAD_DIM}", rope_bytes, lambda: rope(q, k, positions, inv_freq)
+    num_blocks = 2 * -(-tokens // BLOCK_SIZE)
+    k_cache = random_bf16(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    v_cache = random_bf16(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    slots = cuda.to_device(rng.permutation(num_blocks * BLOCK_SIZE)[:tokens].astype(np.int32))
+    # qkv read once, q and the cache rows written once, plus positions, slots and inv_freq.
+    rope_bytes = 2 * tokens * qkv_heads * HEAD_DIM * 2 + 2 * tokens * 4 + HEAD_DIM * 2
+    yield (
+        "rope_write_kv",
+        f"{tokens}x({Q_HEADS}+2x{KV_HEADS})x{HEAD_DIM}",
+        rope_bytes,
+        lambda: rope_write_kv(qkv, positions, inv_freq, slots, q, k_cache, v_cache),
+    )
 
     table, embedded = embedding_table(), random_bf16(tokens, EMBED_HIDDEN)
     token_ids = cuda.to_device(rng.integers(0, VOCAB, tokens, dtype=np.int32))
     embed_bytes = 2 * tokens * EMBED_HIDDEN * 2 + tokens * 4
     yield "embedding", f"{tokens}x{EMBED_HIDDEN}", embed_bytes, lambda: embedding(token_ids, table, embedded)
-
-    new_k, new_v = random_bf16(tokens, KV_HEADS, HEAD_DIM), random_bf16(tokens, KV_HEADS, HEAD_DIM)
-    num_blocks = 2 * -(-tokens // BLOCK_SIZE)
-    k_cache = random_bf16(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    v_cache = random_bf16(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    slots = cuda.to_device(rng.permutation(num_blocks * BLOCK_SIZE)[:tokens].astype(np.int32))
-    kv_bytes = 4 * tokens * KV_HEADS * HEAD_DIM * 2 + tokens * 4
-    yield (
-        "write_kv",
-        f"{tokens}x{KV_HEADS}x{HEAD_DIM}",
-        kv_bytes,
-        lambda: write_kv(new_k, new_v, k_cache, v_cache, slots),
-    )
 
 
 @functools.cache
@@ -115,14 +112,14 @@ def main() -> None:
         raise SystemExit("bench_elementwise times real kernels: it needs a CUDA GPU, not the simulator")
 
     rows = []
-    print(f"{'op':<12} {'tokens':>6} {'shape':<18} {'MB':>9} {'us':>9} {'TB/s':>6} {'% ceiling':>9}")
+    print(f"{'op':<13} {'tokens':>6} {'shape':<20} {'MB':>9} {'us':>9} {'TB/s':>6} {'% ceiling':>9}")
     for tokens in TOKEN_COUNTS:
         for op, shape, moved, call in cases(tokens):
             milliseconds = median_ms(call, repeats=args.repeats)
             tbps = moved / (milliseconds * 1e-3) / 1e12
             percent = 100 * tbps / COPY_CEILING_TBPS
             print(
-                f"{op:<12} {tokens:>6} {shape:<18} {moved / 1e6:>9.3f} "
+                f"{op:<13} {tokens:>6} {shape:<20} {moved / 1e6:>9.3f} "
                 f"{milliseconds * 1e3:>9.2f} {tbps:>6.2f} {percent:>8.1f}%"
             )
             rows.append(

@@ -2,7 +2,7 @@
 # The one entry point on the GPU machine (../shared/GPU.md): the test suite on the real GPU,
 # then the benchmarks, logs and JSON under $OUT.
 #
-#   bash perf/gpu_check.sh [tests] [kernels] [engine] [serve]     (default: all four)
+#   bash perf/gpu_check.sh [tests] [kernels] [engine] [profile] [serve]     (default: all five)
 #
 # The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
 # cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
@@ -20,7 +20,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
   export PYTHONPATH=$PWD
 fi
-stages=${*:-tests kernels engine serve}
+stages=${*:-tests kernels engine profile serve}
 status=0
 run() { echo "== $*"; "$@" || status=1; }
 
@@ -39,6 +39,10 @@ for stage in $stages; do
     engine)
       run python3 -m perf.bench_decode
       run python3 -m perf.bench_throughput ;;
+    profile)
+      run python3 -m perf.profile_step --model llama-1b
+      cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json
+      run python3 -m perf.profile_step --model smollm2 --batches 1 64 ;;
     serve)
       run python3 -m perf.bench_serve ;;
     *) echo "unknown stage $stage"; return 2 ;;

@@ -2,8 +2,9 @@
 
     python -m perf.profile_step [--model llama-1b] [--batches 1 64 256] [--context 512]
 
-For each batch size B the engine admits B requests of `context` random prompt tokens and
-runs their prefills; from then on every step is a decode step of B sequences. Then:
+For each batch size B the engine admits B requests of `context` random prompt tokens (as
+`LLM.generate` does: outputs reported when finished) and runs their prefills; from then
+on every step is a decode step of B sequences. Then:
 
 - per operator: one decode step run eagerly with a CUDA event before and after every
   backend call. A hold kernel (perf/timing.py) first keeps the GPU busy long enough for
@@ -39,7 +40,7 @@ from tinyvllm.step import build_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
 OPERATORS = frozenset({
-    "embedding", "gather_rows", "rmsnorm", "linear", "rope", "silu_mul", "write_kv",
+    "embedding", "gather_rows", "rmsnorm", "linear", "rope_write_kv", "silu_mul",
     "prefill_attention", "decode_attention", "sample",
 })
 HOLD_US = 100_000
@@ -147,10 +148,11 @@ def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
 def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=5 * REPEATS + 8, ignore_eos=True)
     vocab = engine.config.vocab_size
-    ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params) for _ in range(batch_size)]
-    prefilling = set(ids)
-    while prefilling:
-        prefilling -= {output.request_id for output in engine.step()}
+    ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params, final_only=True)
+           for _ in range(batch_size)]
+    scheduler = engine.scheduler
+    while scheduler.waiting or any(seq.num_computed_tokens < seq.num_tokens - 1 for seq in scheduler.running):
+        engine.step()
     summary, operators = operator_times(engine)
     graph = graph_us(engine, batch_size)
     wall = step_wall_us(engine)

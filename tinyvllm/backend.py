@@ -51,11 +51,21 @@ class NumpyBackend:
     def zeros(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
-    def upload(self, host: np.ndarray, device: np.ndarray) -> None:
-        device[...] = host
+    def pinned_empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
 
-    def download(self, device: np.ndarray) -> np.ndarray:
-        return np.array(device)
+    def device_view(self, device: np.ndarray, offset: int, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return device[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def prefix(self, array: np.ndarray, rows: int) -> np.ndarray:
+        return array[:rows]
+
+    def upload_bytes(self, host: np.ndarray, device: np.ndarray, nbytes: int) -> None:
+        device[:nbytes] = host[:nbytes]
+
+    def download(self, device: np.ndarray, count: int) -> np.ndarray:
+        return np.array(device[:count])
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the host."""
@@ -87,15 +97,20 @@ class NumpyBackend:
     def linear(self, x, weight, out) -> None:
         self._write(out, reference.linear(self._read(x), weight))
 
-    def rope(self, q, k, positions, inv_freq) -> None:
-        self._write(q, reference.rope(self._read(q), positions, inv_freq))
-        self._write(k, reference.rope(self._read(k), positions, inv_freq))
+    def rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
+        """reference.rope_write_kv, rounding the rotated q and k heads once, as the kernel
+        stores them; the value heads go to the cache as they are."""
+        num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+        heads = qkv.reshape(q.shape[0], -1, q.shape[2])
+        queries_and_keys = heads[:, : num_q_heads + num_kv_heads]
+        rotated = np.empty_like(queries_and_keys)
+        self._write(rotated, reference.rope(self._read(queries_and_keys), positions, inv_freq))
+        q[...] = rotated[:, :num_q_heads]
+        values = heads[:, num_q_heads + num_kv_heads :]
+        reference.write_kv(rotated[:, num_q_heads:], values, k_cache, v_cache, slot_mapping)
 
     def silu_mul(self, gate_up, out) -> None:
         self._write(out, reference.silu_mul(self._read(gate_up)))
-
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         self._write(

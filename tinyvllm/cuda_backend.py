@@ -12,9 +12,13 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import activation, attention_decode, attention_prefill, embedding, kv_cache, rmsnorm, rope
+from tinyvllm.kernels import activation, attention_decode, attention_prefill, embedding, rmsnorm, rope
 from tinyvllm.kernels import sampling
 from tinyvllm.kernels.linear import linear
+
+if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import device_to_host, host_to_device
 
 
 class CudaBackend:
@@ -23,7 +27,8 @@ class CudaBackend:
 
     def __init__(self, linear_backend: str = "auto"):
         self.linear_backend = linear_backend
-        self.can_capture_graphs = not config.ENABLE_CUDASIM
+        self.simulated = config.ENABLE_CUDASIM
+        self.can_capture_graphs = not self.simulated
         if self.can_capture_graphs:
             import cupy
 
@@ -44,17 +49,43 @@ class CudaBackend:
 
     def zeros(self, shape: tuple[int, ...], dtype):
         array = self.empty(shape, dtype)
-        if config.ENABLE_CUDASIM:
+        if self.simulated:
             array.copy_to_device(np.zeros(shape, dtype))
         else:
             device_memset(array, 0, array.nbytes, stream=self.stream)
         return array
 
-    def upload(self, host: np.ndarray, device) -> None:
-        device.copy_to_device(np.ascontiguousarray(host), stream=self.stream)
+    def pinned_empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Page-locked host memory: the GPU copies it asynchronously, without a staging copy."""
+        return cuda.pinned_array(shape, dtype=dtype)
 
-    def download(self, device) -> np.ndarray:
-        host = device.copy_to_host(stream=self.stream)
+    def device_view(self, device, offset: int, dtype, shape: tuple[int, ...]):
+        """A typed view of bytes [offset, ...) of a uint8 device array."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return device[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    # Numba's slicing and copy_to_device run tens of microseconds of Python per call, more
+    # than the copy; the three methods below are what a step calls, done the short way.
+    def prefix(self, array, rows: int):
+        """array[:rows], the same memory (an array of the same strides, shorter)."""
+        if self.simulated or rows == array.shape[0]:
+            return array[:rows]
+        shape = (rows, *array.shape[1:])
+        return DeviceNDArray(shape, array.strides, array.dtype, stream=self.stream, gpu_data=array.gpu_data)
+
+    def upload_bytes(self, host: np.ndarray, device, nbytes: int) -> None:
+        """Copy the first nbytes of a (pinned) uint8 host array into a uint8 device array."""
+        if self.simulated:
+            device[:nbytes].copy_to_device(host[:nbytes])
+        else:
+            host_to_device(device, host, nbytes, stream=self.stream)
+
+    def download(self, device, count: int) -> np.ndarray:
+        """The first `count` elements of a 1-D device array, once the stream's work is done."""
+        if self.simulated:
+            return device[:count].copy_to_host()
+        host = np.empty(count, dtype=device.dtype)
+        device_to_host(host, device, count * device.dtype.itemsize, stream=self.stream)
         self.stream.synchronize()
         return host
 
@@ -97,14 +128,11 @@ class CudaBackend:
     def linear(self, x, weight, out) -> None:
         linear(x, weight, out, backend=self.linear_backend, stream=self.stream)
 
-    def rope(self, q, k, positions, inv_freq) -> None:
-        rope.rope(q, k, positions, inv_freq, stream=self.stream)
+    def rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
+        rope.rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=self.stream)
 
     def silu_mul(self, gate_up, out) -> None:
         activation.silu_mul(gate_up, out, stream=self.stream)
-
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        kv_cache.write_kv(k, v, k_cache, v_cache, slot_mapping, stream=self.stream)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(

@@ -90,7 +90,7 @@ class DecodeGraphs:
         batch = step.token_ids.shape[0]
         size = next(bucket for bucket in self.buckets if bucket >= batch)
         buffers: StepBuffers = runner.buffers
-        buffers.upload(pad_decode_step(step, size))
+        buffers.stage(pad_decode_step(step, size))
         runner.backend.launch_graph(self.graphs[size])
-        return runner.backend.download(buffers.sampled[:batch])
+        return runner.backend.download(buffers.sampled, batch)
 # --8<-- [end:graphs]

@@ -50,12 +50,25 @@ class LLMEngine:
         )
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._sequences: dict[str, Sequence] = {}
+        self._final_only: set[str] = set()
         self._request_ids = itertools.count()
 
     # -- requests ------------------------------------------------------------------
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        final_only: bool = False,
+    ) -> str:
         """Queue a prompt (text or token ids); returns its request id. A bad request raises
-        ValueError naming the problem and leaves the engine as it was."""
+        ValueError naming the problem and leaves the engine as it was.
+
+        `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): `step()` reports the request
+        only when it finishes, and its text is decoded once, at the end, instead of token
+        by token (unless stop strings need the text as it grows).
+        """
         params = params if params is not None else self.default_sampling_params()
         params.validate_for_vocab(self.config.vocab_size)
         text, token_ids = self._tokenize(prompt)
@@ -64,13 +77,14 @@ class LLMEngine:
         self.scheduler.add(seq)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
+        if final_only:
+            self._final_only.add(request_id)
         return request_id
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it was not running or waiting."""
         aborted = self.scheduler.abort(request_id)
-        self._sequences.pop(request_id, None)
-        self._detokenizers.pop(request_id, None)
+        self._forget(request_id)
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -87,7 +101,8 @@ class LLMEngine:
 
     # -- stepping ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; return the state of every request that got a token."""
+        """Run one scheduled batch; return the state of every request that got a token
+        (of a `final_only` request: only once it has finished)."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -96,10 +111,17 @@ class LLMEngine:
         outputs = []
         for seq, samples in zip(batch.seqs, batch.samples):
             if samples and seq.request_id in self._sequences:
-                outputs.append(self._output(seq))
+                output = self._progress(seq)
+                if output is not None:
+                    outputs.append(output)
         return outputs
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _progress(self, seq: Sequence) -> RequestOutput | None:
+        """Detokenize the new tokens, apply stop strings, and make the request's output
+        (None for a final_only request still running)."""
+        final_only = seq.request_id in self._final_only
+        if final_only and not seq.is_finished and not seq.sampling_params.stop:
+            return None
         detokenizer = self._detokenizers[seq.request_id]
         before = len(detokenizer.text)
         detokenizer.step(seq.token_ids[len(detokenizer.token_ids) :])
@@ -111,9 +133,15 @@ class LLMEngine:
             detokenizer.text = detokenizer.text[: stop[0]]
             self.scheduler.finish(seq, "stop")
         if seq.is_finished:
-            del self._sequences[seq.request_id]
-            del self._detokenizers[seq.request_id]
+            self._forget(seq.request_id)
+        elif final_only:
+            return None
         return RequestOutput.from_sequence(seq, detokenizer.text)
+
+    def _forget(self, request_id: str) -> None:
+        self._sequences.pop(request_id, None)
+        self._detokenizers.pop(request_id, None)
+        self._final_only.discard(request_id)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -155,7 +183,7 @@ class LLM:
         request_ids = []
         try:
             for prompt, params in zip(prompts, sampling_params):
-                request_ids.append(self.engine.add_request(prompt, params))
+                request_ids.append(self.engine.add_request(prompt, params, final_only=True))
         except ValueError:
             for request_id in request_ids:
                 self.engine.abort(request_id)

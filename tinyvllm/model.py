@@ -4,8 +4,8 @@ One step runs a packed batch of T tokens from S sequences: first the decode toke
 per decoding sequence), then the prefill chunks. For each layer:
 
     h = rmsnorm(residual += x)                       (fused add + norm)
-    q, k, v = h Wq^T, h Wk^T, h Wv^T;  rope(q, k)    (rotary position embedding)
-    cache[slot] = k, v                               (paged KV write)
+    [q | k | v] = h [Wq | Wk | Wv]^T                 (q, k and v as one GEMM)
+    q = rope(q);  cache[slot] = rope(k), v           (rotary embedding + paged KV write, fused)
     a = attention(q, cache)                          (paged decode | flash prefill)
     x = a Wo^T
     h = rmsnorm(residual += x)
@@ -55,9 +55,7 @@ class StepInputs:
 @dataclass
 class LayerWeights:
     input_norm: object
-    q_proj: object
-    k_proj: object
-    v_proj: object
+    qkv_proj: object
     o_proj: object
     post_attention_norm: object
     gate_up_proj: object
@@ -74,9 +72,9 @@ class Workspace:
         self.hidden = backend.empty((max_tokens, hidden), dtype)
         self.residual = backend.empty((max_tokens, hidden), dtype)
         self.normed = backend.empty((max_tokens, hidden), dtype)
+        qkv_heads = config.num_attention_heads + 2 * config.num_key_value_heads
+        self.qkv = backend.empty((max_tokens, qkv_heads * config.head_dim), dtype)
         self.q = backend.empty((max_tokens, config.num_attention_heads, config.head_dim), dtype)
-        self.k = backend.empty((max_tokens, config.num_key_value_heads, config.head_dim), dtype)
-        self.v = backend.empty((max_tokens, config.num_key_value_heads, config.head_dim), dtype)
         self.attn = backend.empty((max_tokens, config.num_attention_heads, config.head_dim), dtype)
         self.gate_up = backend.empty((max_tokens, 2 * config.intermediate_size), dtype)
         self.act = backend.empty((max_tokens, config.intermediate_size), dtype)
@@ -102,62 +100,55 @@ class LlamaModel:
 
     @staticmethod
     def _layer(weights: dict[str, np.ndarray], prefix: str, backend) -> LayerWeights:
+        attention = prefix + "self_attn."
+        qkv = np.concatenate([weights[attention + name + "_proj.weight"] for name in ("q", "k", "v")])
         gate_up = np.concatenate([weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]])
         return LayerWeights(
             input_norm=backend.weight(weights[prefix + "input_layernorm.weight"]),
-            q_proj=backend.weight(weights[prefix + "self_attn.q_proj.weight"]),
-            k_proj=backend.weight(weights[prefix + "self_attn.k_proj.weight"]),
-            v_proj=backend.weight(weights[prefix + "self_attn.v_proj.weight"]),
-            o_proj=backend.weight(weights[prefix + "self_attn.o_proj.weight"]),
+            qkv_proj=backend.weight(qkv),
+            o_proj=backend.weight(weights[attention + "o_proj.weight"]),
             post_attention_norm=backend.weight(weights[prefix + "post_attention_layernorm.weight"]),
             gate_up_proj=backend.weight(gate_up),
             down_proj=backend.weight(weights[prefix + "mlp.down_proj.weight"]),
         )
 
     # --8<-- [start:forward]
-    def forward(self, step: StepInputs, kv_arena, ws: Workspace):
-        """Run one step; returns the float32 logits of the sampled rows (a workspace view)."""
+    def forward(self, step: StepInputs, kv_caches: list[tuple], ws: Workspace):
+        """Run one step over the per-layer (K, V) caches; returns the float32 logits of the
+        sampled rows (a workspace view)."""
         ops, eps = self.backend, self.config.rms_norm_eps
         tokens, num_decode = step.num_tokens, step.num_decode
         num_sampled = step.sample_rows.shape[0]
-        x, residual, normed = ws.hidden[:tokens], ws.residual[:tokens], ws.normed[:tokens]
-        q, k, v, attn = ws.q[:tokens], ws.k[:tokens], ws.v[:tokens], ws.attn[:tokens]
-        gate_up, act = ws.gate_up[:tokens], ws.act[:tokens]
-        flat_q = q.reshape(tokens, -1)
+        # Views are made once per step, outside the layer loop: on the GPU each costs tens
+        # of microseconds of Python, as much as a kernel launch.
+        rows = ops.prefix
+        x, residual, normed = rows(ws.hidden, tokens), rows(ws.residual, tokens), rows(ws.normed, tokens)
+        qkv, q, attn = rows(ws.qkv, tokens), rows(ws.q, tokens), rows(ws.attn, tokens)
+        gate_up, act = rows(ws.gate_up, tokens), rows(ws.act, tokens)
         flat_attn = attn.reshape(tokens, -1)
+        if num_decode:
+            decode_q, decode_attn = rows(q, num_decode), rows(attn, num_decode)
+            decode_tables, decode_lens = rows(step.block_tables, num_decode), rows(step.context_lens, num_decode)
+        if step.num_prefill_seqs:
+            sequences = slice(num_decode, num_decode + step.num_prefill_seqs)
+            prefill_q, prefill_attn = q[num_decode:], attn[num_decode:]
+            prefill_tables, prefill_lens = step.block_tables[sequences], step.context_lens[sequences]
 
         ops.embedding(step.token_ids, self.embed_tokens, residual)
-        for index, layer in enumerate(self.layers):
-            k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+        for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if index == 0:
                 ops.rmsnorm(residual, layer.input_norm, eps, normed)
             else:
                 ops.rmsnorm(x, layer.input_norm, eps, normed, residual=residual)
-            ops.linear(normed, layer.q_proj, flat_q)
-            ops.linear(normed, layer.k_proj, k.reshape(tokens, -1))
-            ops.linear(normed, layer.v_proj, v.reshape(tokens, -1))
-            ops.rope(q, k, step.positions, self.inv_freq)
-            ops.write_kv(k, v, k_cache, v_cache, step.slot_mapping)
+            ops.linear(normed, layer.qkv_proj, qkv)
+            ops.rope_write_kv(qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache)
             if num_decode:
                 ops.decode_attention(
-                    q[:num_decode],
-                    k_cache,
-                    v_cache,
-                    step.block_tables[:num_decode],
-                    step.context_lens[:num_decode],
-                    attn[:num_decode],
-                    ws.decode_scratch,
+                    decode_q, k_cache, v_cache, decode_tables, decode_lens, decode_attn, ws.decode_scratch
                 )
             if step.num_prefill_seqs:
-                sequences = slice(num_decode, num_decode + step.num_prefill_seqs)
                 ops.prefill_attention(
-                    q[num_decode:],
-                    k_cache,
-                    v_cache,
-                    step.block_tables[sequences],
-                    step.prefill_cu_seqlens,
-                    step.context_lens[sequences],
-                    attn[num_decode:],
+                    prefill_q, k_cache, v_cache, prefill_tables, step.prefill_cu_seqlens, prefill_lens, prefill_attn
                 )
             ops.linear(flat_attn, layer.o_proj, x)
             ops.rmsnorm(x, layer.post_attention_norm, eps, normed, residual=residual)
@@ -165,8 +156,8 @@ class LlamaModel:
             ops.silu_mul(gate_up, act)
             ops.linear(act, layer.down_proj, x)
 
-        sampled_x, sampled_residual = ws.sampled_hidden[:num_sampled], ws.sampled_residual[:num_sampled]
-        sampled_normed, logits = ws.sampled_normed[:num_sampled], ws.logits[:num_sampled]
+        sampled_x, sampled_residual = rows(ws.sampled_hidden, num_sampled), rows(ws.sampled_residual, num_sampled)
+        sampled_normed, logits = rows(ws.sampled_normed, num_sampled), rows(ws.logits, num_sampled)
         ops.gather_rows(step.sample_rows, x, sampled_x)
         ops.gather_rows(step.sample_rows, residual, sampled_residual)
         ops.rmsnorm(sampled_x, self.norm, eps, sampled_normed, residual=sampled_residual)

@@ -31,6 +31,7 @@ class ModelRunner:
         self.buffers = StepBuffers(backend, limits)
         self.num_blocks = 0
         self.kv_arena = None
+        self.kv_caches: list[tuple] = []
         self.graphs: DecodeGraphs | None = None
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -39,6 +40,8 @@ class ModelRunner:
         self.kv_arena = self.backend.zeros(
             kv_arena_shape(self.config, num_blocks, self.limits.block_size), self.backend.activation_dtype
         )
+        arena = self.kv_arena
+        self.kv_caches = [(arena[layer, 0], arena[layer, 1]) for layer in range(arena.shape[0])]
 
     def capture_decode_graphs(self) -> None:
         """Capture the decode step for every batch-size bucket (after the arena exists)."""
@@ -74,6 +77,7 @@ class ModelRunner:
         seq.append_token(0)
         self.execute(_single(seq, 1))
         self.kv_arena = None
+        self.kv_caches = []
         self.num_blocks = 0
     # --8<-- [end:warm-up]
 
@@ -84,16 +88,17 @@ class ModelRunner:
         decode_only = step.num_decode == step.context_lens.shape[0]
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
             return self.graphs.replay(self, step)
-        return self.backend.download(self.forward_and_sample(self.buffers.upload(step)))
+        self.forward_and_sample(self.buffers.upload(step))
+        return self.backend.download(self.buffers.sampled, step.sample_rows.shape[0])
 
-    def forward_and_sample(self, inputs: StepInputs):
-        """The device work of a step (what a graph captures); returns the sampled-token view."""
-        logits = self.model.forward(inputs, self.kv_arena, self.workspace)
-        sampled = self.buffers.sampled[: inputs.sample_rows.shape[0]]
+    def forward_and_sample(self, inputs: StepInputs) -> None:
+        """The device work of a step (what a graph captures): the sampled tokens go to
+        the leading rows of `buffers.sampled`."""
+        logits = self.model.forward(inputs, self.kv_caches, self.workspace)
+        sampled = self.backend.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
         self.backend.sample(
             logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled
         )
-        return sampled
     # --8<-- [end:execute]
 
 

@@ -28,7 +28,8 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISH_REASONS
+        # A tuple test compares by identity first; a dict lookup would hash the enum in Python.
+        return self in _FINISHED
 
 
 # vLLM / OpenAI finish reasons.
@@ -38,6 +39,7 @@ _FINISH_REASONS = {
     SequenceStatus.FINISHED_ABORTED: "abort",
 }
 _FINISHED_STATUS = {reason: status for status, reason in _FINISH_REASONS.items()}
+_FINISHED = tuple(_FINISH_REASONS)
 
 _arrivals = itertools.count()
 

@@ -10,6 +10,7 @@ and a captured CUDA graph finds its inputs where it left them.
 """
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -56,20 +57,27 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
     start = num_computed_tokens; the last of them samples if the batch says so.
     """
     seqs, counts = batch.seqs, batch.num_scheduled_tokens.astype(np.int64)
-    starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
+    starts = np.fromiter((seq.num_computed_tokens for seq in seqs), np.int64, len(seqs))
     ends = starts + counts
     row_ends = np.cumsum(counts)
     positions = np.arange(int(row_ends[-1]), dtype=np.int64) - np.repeat(row_ends - counts - starts, counts)
-    token_ids = np.concatenate([seq.token_ids[start:end] for seq, start, end in zip(seqs, starts, ends)])
+    token_ids = np.fromiter(
+        chain.from_iterable(seq.token_ids[start:end] for seq, start, end in zip(seqs, starts.tolist(), ends.tolist())),
+        np.int32,
+        int(row_ends[-1]),
+    )
+    table_lens = np.fromiter((len(seq.block_table) for seq in seqs), np.int64, len(seqs))
+    flat_tables = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int32, int(table_lens.sum()))
+    table_rows = np.repeat(np.arange(len(seqs)), table_lens)
+    table_cols = np.arange(flat_tables.shape[0]) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)
     block_tables = np.zeros((len(seqs), max_blocks_per_seq), dtype=np.int32)
-    for row, seq in enumerate(seqs):
-        block_tables[row, : len(seq.block_table)] = seq.block_table
+    block_tables[table_rows, table_cols] = flat_tables
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
     slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
     sampling = [seq for seq, samples in zip(seqs, batch.samples) if samples]
     params = [seq.sampling_params for seq in sampling]
     return HostStep(
-        token_ids=np.asarray(token_ids, dtype=np.int32),
+        token_ids=token_ids,
         positions=positions.astype(np.int32),
         slot_mapping=slot_mapping.astype(np.int32),
         block_tables=block_tables,
@@ -87,37 +95,71 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
 
 
 class StepBuffers:
-    """Persistent device buffers for the step metadata, sized for the largest step."""
+    """Persistent buffers for the step metadata, sized for the largest step.
+
+    Every field lives at a fixed offset of one pinned host staging area and of one device
+    area with the same layout, so a step's metadata crosses to the GPU in a single copy
+    (a copy per field costs tens of microseconds of Python each, and a step has twelve).
+    `block_tables` comes last, and only the rows a step uses are copied.
+    """
+
+    ALIGNMENT = 256
 
     def __init__(self, backend, limits: RunnerLimits):
         tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
         self.backend = backend
-        self.arrays = {
-            "token_ids": backend.empty((tokens,), np.int32),
-            "positions": backend.empty((tokens,), np.int32),
-            "slot_mapping": backend.empty((tokens,), np.int32),
-            "block_tables": backend.empty((seqs, limits.max_blocks_per_seq), np.int32),
-            "context_lens": backend.empty((seqs,), np.int32),
-            "prefill_cu_seqlens": backend.empty((seqs + 1,), np.int32),
-            "sample_rows": backend.empty((seqs,), np.int32),
-            "temperature": backend.empty((seqs,), np.float32),
-            "top_k": backend.empty((seqs,), np.int32),
-            "top_p": backend.empty((seqs,), np.float32),
-            "seeds": backend.empty((seqs,), np.uint64),
-            "sample_positions": backend.empty((seqs,), np.int64),
+        shapes = {
+            "token_ids": ((tokens,), np.int32),
+            "positions": ((tokens,), np.int32),
+            "slot_mapping": ((tokens,), np.int32),
+            "context_lens": ((seqs,), np.int32),
+            "prefill_cu_seqlens": ((seqs + 1,), np.int32),
+            "sample_rows": ((seqs,), np.int32),
+            "temperature": ((seqs,), np.float32),
+            "top_k": ((seqs,), np.int32),
+            "top_p": ((seqs,), np.float32),
+            "seeds": ((seqs,), np.uint64),
+            "sample_positions": ((seqs,), np.int64),
+            "block_tables": ((seqs, limits.max_blocks_per_seq), np.int32),
         }
+        offsets, end = {}, 0
+        for name, (shape, dtype) in shapes.items():
+            offsets[name] = end
+            end += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // self.ALIGNMENT) * self.ALIGNMENT
+        self.staging = backend.pinned_empty((end,), np.uint8)
+        self.device = backend.empty((end,), np.uint8)
+        self.host_fields, self.device_fields = {}, {}
+        for name, (shape, dtype) in shapes.items():
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            start = offsets[name]
+            self.host_fields[name] = self.staging[start : start + nbytes].view(dtype).reshape(shape)
+            self.device_fields[name] = backend.device_view(self.device, start, dtype, shape)
+        self.block_tables_offset = offsets["block_tables"]
         self.sampled = backend.empty((seqs,), np.int32)
 
-    def upload(self, step: HostStep) -> StepInputs:
-        """Copy the step's metadata into the leading part of each buffer; return the views."""
-        views = {}
-        for name, buffer in self.arrays.items():
-            host = getattr(step, name)
-            views[name] = buffer[: host.shape[0]]
-            self.backend.upload(host, views[name])
+    def stage(self, step: HostStep) -> None:
+        """Copy the step's metadata into the leading part of each field, on the device."""
+        for name, host in self.host_fields.items():
+            value = getattr(step, name)
+            host[: value.shape[0]] = value
+        rows = step.block_tables.shape[0]
+        used = self.block_tables_offset + rows * step.block_tables.shape[1] * 4
+        self.backend.upload_bytes(self.staging, self.device, used)
+
+    def views(self, step: HostStep) -> StepInputs:
+        """Device views of the leading part of each field that `step` uses."""
+        views = {
+            name: self.backend.prefix(device, getattr(step, name).shape[0])
+            for name, device in self.device_fields.items()
+        }
         return StepInputs(
             **views,
             num_tokens=step.token_ids.shape[0],
             num_decode=step.num_decode,
             num_prefill_seqs=step.context_lens.shape[0] - step.num_decode,
         )
+
+    def upload(self, step: HostStep) -> StepInputs:
+        """`stage`, then `views`."""
+        self.stage(step)
+        return self.views(step)

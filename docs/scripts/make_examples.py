@@ -205,8 +205,8 @@ def rope_bands() -> str:
     return "\n".join(lines) + "\n"
 
 
-OPERATORS = ("embedding", "rmsnorm", "linear", "rope", "write_kv", "decode_attention", "prefill_attention",
-             "silu_mul", "gather_rows", "sample", "upload")  # fmt: skip
+OPERATORS = ("embedding", "rmsnorm", "linear", "rope_write_kv", "decode_attention", "prefill_attention",
+             "silu_mul", "gather_rows", "sample", "upload_bytes")  # fmt: skip
 
 
 def decode_step_ops(scratch: Path) -> str:
@@ -244,7 +244,7 @@ def decode_step_ops(scratch: Path) -> str:
     for operator in OPERATORS:
         if any(c[operator] for c in counts.values()):
             lines.append(f"| `{operator}` | " + " | ".join(str(c[operator]) for c in counts.values()) + " |")
-    totals = [sum(n for op, n in c.items() if op != "upload") for c in counts.values()]
+    totals = [sum(n for op, n in c.items() if op != "upload_bytes") for c in counts.values()]
     lines.append("| **operators (kernels)** | " + " | ".join(f"**{t}**" for t in totals) + " |")
     return "\n".join(lines) + "\n"
 

@@ -61,12 +61,33 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 def write_kv(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray
 ) -> None:
-    """Scatter each token's K and V into its cache slot (in place); a negative slot is padding."""
-    block_size = k_cache.shape[1]
+    """Scatter each token's K and V into its cache slot (in place); a negative slot is padding,
+    and a slot past the end of the cache is skipped too."""
+    num_blocks, block_size = k_cache.shape[:2]
     for token, slot in enumerate(np.asarray(slot_mapping)):
-        if slot >= 0:
+        if 0 <= slot < num_blocks * block_size:
             k_cache[slot // block_size, slot % block_size] = k[token]
             v_cache[slot // block_size, slot % block_size] = v[token]
+
+
+def rope_write_kv(
+    qkv: np.ndarray,
+    positions: np.ndarray,
+    inv_freq: np.ndarray,
+    slot_mapping: np.ndarray,
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+) -> None:
+    """The fused attention input step (in place): qkv [T, (Hq + 2 Hkv) * D] holds each token's
+    query, key and value heads in that order; q = rope(query heads), and rope(key heads) and
+    the value heads go to the cache at slot_mapping (write_kv)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    heads = qkv.reshape(num_tokens, num_q_heads + 2 * num_kv_heads, head_dim)
+    keys, values = heads[:, num_q_heads : num_q_heads + num_kv_heads], heads[:, num_q_heads + num_kv_heads :]
+    q[...] = rope(heads[:, :num_q_heads], positions, inv_freq)
+    write_kv(rope(keys, positions, inv_freq), values, k_cache, v_cache, slot_mapping)
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -1,7 +1,23 @@
-"""Rotary position embedding (RoPE), HF's rotate-half layout, in place on q and k.
+"""Rotary position embedding (RoPE) and the KV-cache write, fused: one pass over q, k, v.
 
-Each head vector of size D is read as D/2 planar pairs (x[i], x[i + D/2]); pair i turns by
-the angle p * inv_freq[i] for a token at position p:
+The attention block's projections are one matrix product whose output row holds a token's
+Hq query heads, then its Hkv key heads, then its Hkv value heads, each of size D:
+
+    qkv[t] = [q_0 .. q_{Hq-1} | k_0 .. k_{Hkv-1} | v_0 .. v_{Hkv-1}]
+
+This kernel reads that row once and writes each part where attention reads it: the
+rotated query heads to q [T, Hq, D], the rotated key heads and the value heads to the
+paged cache row of the token's slot (`slot = block * block_size + row`):
+
+    q[t]                                   = rope(q part, positions[t])
+    k_cache[s // BS, s % BS], v_cache[...] = rope(k part, positions[t]), v part    (s = slot_mapping[t])
+
+A negative slot marks a padding token (a CUDA-graph batch padded up to its captured size):
+its q is still written, the cache is not. A slot past the end of the cache would be a
+scheduler bug; it is skipped too, so the kernel never writes outside the cache.
+
+RoPE uses HF's rotate-half layout: each head vector of size D is read as D/2 planar pairs
+(x[i], x[i + D/2]), and pair i turns by the angle p * inv_freq[i] for a token at position p:
 
     x[i]       <- x[i] cos - x[i + D/2] sin
     x[i + D/2] <- x[i + D/2] cos + x[i] sin
@@ -20,9 +36,11 @@ divides low frequencies by `factor`, and blends smoothly between the two bands:
     otherwise, s = (original / wavelen - low) / (high - low):
                                              (1 - s) inv_freq / factor + s inv_freq
 
-One block per token. Thread (x, y) owns pairs 8x .. 8x + 7: it computes their cos and sin
-once, then rotates those pairs in heads y, y + blockDim.y, ... of q and then of k, with
-16-byte loads of both halves. D must be a multiple of 16 so that both halves are aligned.
+One block per token. Its threads first fill a shared table of the D/2 cos and sin values
+(one pair each, so no thread computes more than a few), then thread (x, y) takes pairs
+8x .. 8x + 7 of head rows y, y + blockDim.y, ... of the token's qkv row: it rotates a q or
+k head, or copies a v head, with one 16-byte load and store of each half. D must be a
+multiple of 16 so that both halves are aligned.
 """
 
 import math
@@ -31,9 +49,12 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, store_bf16x8
+from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, load_words, store_bf16x8, store_words
 
-THREADS = 128
+MAX_THREADS = 256
+MAX_HEAD_DIM = 256
+MAX_PAIRS = MAX_HEAD_DIM // 2
+"""The shared cos/sin table's size; Llama's heads are 64 or 128."""
 
 
 # --8<-- [start:inv-freq]
@@ -70,50 +91,76 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
 
 # --8<-- [start:kernel]
 @cuda.jit(device=True, inline=True)
-def _rotate(row, first, half, cos, sin):
+def _rotate(source, start, destination, first, half, cos, sin):
+    """destination[first + i], destination[first + half + i] = pair i of source[start:] turned (i < 8)."""
     a = cuda.local.array(VECTOR, float32)
     b = cuda.local.array(VECTOR, float32)
-    load_bf16x8(row, first, a)
-    load_bf16x8(row, first + half, b)
+    load_bf16x8(source, start + first, a)
+    load_bf16x8(source, start + first + half, b)
     for i in range(VECTOR):
         a_i = a[i]
-        a[i] = a_i * cos[i] - b[i] * sin[i]
-        b[i] = b[i] * cos[i] + a_i * sin[i]
-    store_bf16x8(row, first, a)
-    store_bf16x8(row, first + half, b)
+        a[i] = a_i * cos[first + i] - b[i] * sin[first + i]
+        b[i] = b[i] * cos[first + i] + a_i * sin[first + i]
+    store_bf16x8(destination, first, a)
+    store_bf16x8(destination, first + half, b)
 
 
 @cuda.jit
-def _rope_kernel(q, k, positions, inv_freq):
+def _rope_write_kv_kernel(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache):
     token = cuda.blockIdx.x
-    num_q_heads = q.shape[1]
-    half = q.shape[2] // 2
-    first = cuda.threadIdx.x * VECTOR
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    half = head_dim // 2
+    cos = cuda.shared.array(MAX_PAIRS, float32)
+    sin = cuda.shared.array(MAX_PAIRS, float32)
     position = float32(positions[token])
-    cos = cuda.local.array(VECTOR, float32)
-    sin = cuda.local.array(VECTOR, float32)
-    for i in range(VECTOR):
-        angle = position * inv_freq[first + i]
-        cos[i] = math.cos(angle)
-        sin[i] = math.sin(angle)
-    for head in range(cuda.threadIdx.y, num_q_heads + k.shape[1], cuda.blockDim.y):
+    threads = cuda.blockDim.x * cuda.blockDim.y
+    for pair in range(cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x, half, threads):
+        angle = position * inv_freq[pair]
+        cos[pair] = math.cos(angle)
+        sin[pair] = math.sin(angle)
+    cuda.syncthreads()
+
+    slot = slot_mapping[token]
+    writes_cache = slot >= 0 and slot < num_blocks * block_size
+    block = slot // block_size
+    row = slot - block * block_size
+    num_heads = num_q_heads + 2 * num_kv_heads if writes_cache else num_q_heads
+    source = qkv[token]
+    first = cuda.threadIdx.x * VECTOR
+    for head in range(cuda.threadIdx.y, num_heads, cuda.blockDim.y):
+        start = head * head_dim
         if head < num_q_heads:
-            _rotate(q[token, head], first, half, cos, sin)
+            _rotate(source, start, q[token, head], first, half, cos, sin)
+        elif head < num_q_heads + num_kv_heads:
+            _rotate(source, start, k_cache[block, row, head - num_q_heads], first, half, cos, sin)
         else:
-            _rotate(k[token, head - num_q_heads], first, half, cos, sin)
+            value = v_cache[block, row, head - num_q_heads - num_kv_heads]
+            store_words(value, first, load_words(source, start + first))
+            store_words(value, first + half, load_words(source, start + first + half))
 # --8<-- [end:kernel]
 
 
-def rope(q, k, positions, inv_freq, *, stream=0) -> None:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by their tokens' positions."""
-    num_tokens, num_q_heads, head_dim = check_rows_of_eight("q", q, (None, None, None))
-    if head_dim % (2 * VECTOR):
-        raise ValueError(f"q: head_dim {head_dim} must be a multiple of {2 * VECTOR}")
-    _, num_kv_heads, _ = check_rows_of_eight("k", k, (num_tokens, None, head_dim))
+def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *, stream=0) -> None:
+    """Rotate the q and k parts of qkv [T, (Hq + 2 Hkv) * D] by positions int32[T]; write q
+    [T, Hq, D], and k and v into k_cache, v_cache [NB, BS, Hkv, D] at slot_mapping int32[T]."""
+    num_tokens, width = check_rows_of_eight("qkv", qkv, (None, None))
+    _, num_q_heads, head_dim = check_rows_of_eight("q", q, (num_tokens, None, None))
+    if head_dim % (2 * VECTOR) or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim {head_dim} must be a multiple of {2 * VECTOR} and at most {MAX_HEAD_DIM}")
+    num_blocks, block_size, num_kv_heads, _ = check_rows_of_eight("k_cache", k_cache, (None, None, None, head_dim))
+    check_rows_of_eight("v_cache", v_cache, (num_blocks, block_size, num_kv_heads, head_dim))
+    if width != (num_q_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(
+            f"qkv: width {width}, expected (Hq + 2 Hkv) * D = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
+        )
     check_array("positions", positions, np.int32, (num_tokens,))
     check_array("inv_freq", inv_freq, np.float32, (head_dim // 2,))
+    check_array("slot_mapping", slot_mapping, np.int32, (num_tokens,))
     if num_tokens == 0:
         return
     chunks = head_dim // (2 * VECTOR)
-    heads_per_step = max(1, min(num_q_heads + num_kv_heads, THREADS // chunks))
-    _rope_kernel[num_tokens, (chunks, heads_per_step), stream](q, k, positions, inv_freq)
+    heads_per_step = max(1, min(num_q_heads + 2 * num_kv_heads, MAX_THREADS // chunks))
+    _rope_write_kv_kernel[num_tokens, (chunks, heads_per_step), stream](
+        qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache
+    )
