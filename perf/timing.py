@@ -17,8 +17,8 @@ honest number, and each timed run deals with both before its start event:
   bandwidth a streaming kernel sees).
 
 `result_header()` is what each results JSON starts with: device, date, git revision and
-the command that produced it. Outside a git checkout (the device machine gets a copy of
-the work tree) the revision comes from the GIT_REV environment variable.
+the command that produced it. The revision is GIT_REV when that is set (the device
+machine gets a copy of the work tree, whose .git may be stale), else git's.
 """
 
 import datetime
@@ -88,14 +88,17 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
 
 
 def _git_revision() -> str:
+    """GIT_REV when set (the device machine's copy of the tree may carry a stale .git), else git's."""
+    if os.environ.get("GIT_REV"):
+        return os.environ["GIT_REV"]
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
         status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
     except FileNotFoundError:
-        return os.environ.get("GIT_REV", "unknown")
+        return "unknown"
     if head.returncode != 0:
-        return os.environ.get("GIT_REV", "unknown")
+        return "unknown"
     return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
 
 

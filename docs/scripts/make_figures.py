@@ -211,7 +211,28 @@ def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
         [[r["layer"], r["m"], r["n"], r["k"], r["variant"], number(r["median_us"]), number(r["tflops"]),
           number(r["tbps"]), number(r["vs_cublas"])] for r in rows],
     )  # fmt: skip
+    streamed = data.get("streamed_m1", [])
+    if streamed:
+        body += "\n\nM = 1 with the weights streamed: one CUDA graph of launches over distinct copies of the weight.\n\n"
+        body += table(["layer", "N", "K", "gemv TB/s", "cuBLAS TB/s"],
+                      [[r["layer"], r["n"], r["k"], number(r["gemv_tbps"]), number(r["cublas_tbps"])] for r in streamed])  # fmt: skip
     return names, bars_line(data.get("bars_met", {})) + body
+
+
+def profile(data: dict, figures: Path) -> tuple[list[str], str]:
+    """Tables only: where a decode step's time goes, per batch size."""
+    parts = []
+    for run in data["runs"]:
+        kernels = sum(op["total_us"] for op in run["operators"])
+        parts.append(
+            f"**{data['model']}, batch {run['batch']}, context {run['context']}**: graph replay "
+            f"{number(run['graph_us'])} µs on the GPU, engine step {number(run['step_wall_us'])} µs wall, "
+            f"host overhead {number(run['host_overhead_us'])} µs.\n\n"
+            + table(["operator (eager, events)", "calls", "µs", "µs/call", "share"],
+                    [[op["operator"], op["calls"], number(op["total_us"]), number(op["us_per_call"]),
+                      f"{op['total_us'] / kernels:.0%}"] for op in run["operators"]])  # fmt: skip
+        )
+    return [], "\n\n".join(parts)
 
 
 def bars_line(bars: dict) -> str:
@@ -416,6 +437,7 @@ BENCHMARKS = (
     Benchmark("bench_decode", "python -m perf.bench_decode", decode),
     Benchmark("bench_throughput", "python -m perf.bench_throughput", throughput),
     Benchmark("bench_serve", "python -m perf.bench_serve", serve),
+    Benchmark("profile_step", "python -m perf.profile_step", profile),
 )
 
 
