@@ -12,6 +12,7 @@ from datetime import datetime
 
 import jinja2
 import pytest
+import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as BackendTokenizer
@@ -174,7 +175,10 @@ def test_chat_template_tools_names_and_none_values_match_transformers(ours, orac
         {"role": "user", "content": "  Quel temps ?  ", "name": "ana"},
         {"role": "assistant", "content": "Beau.", "name": None},
     ]
-    expected = oracle.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    try:
+        expected = oracle.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    except TypeError as error:  # older transformers (5.17 on the GPU machine) hand the template name=None
+        pytest.skip(f"transformers {transformers.__version__} cannot render a None-valued message key: {error}")
     assert "météo" in expected and "None" not in expected
     assert ours.apply_chat_template(messages, tools=tools) == expected
 
