@@ -75,6 +75,26 @@ def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     assert_no_leak(gpu_llm)
 
 
+@pytest.mark.parametrize("linear_backend", ["auto", "numba"])
+def test_logits_as_close_to_float32_as_the_bf16_reference(smollm2, linear_backend):
+    """The GPU rounds activations to bf16 where the bf16 NumPy backend does, so its logits
+    should be about as far from the float32 forward as that backend's are. Checked with
+    cuBLAS for the prefill's products ("auto") and with the Numba kernels alone ("numba"),
+    which tells a cuBLAS effect from a kernel one."""
+    gpu = LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=256, linear_backend=linear_backend,
+              enforce_eager=True)  # fmt: skip
+    bf16 = LLM(smollm2, backend="numpy", activation_dtype="bf16", max_model_len=2048)
+    exact = LLM(smollm2, backend="numpy", max_model_len=2048)
+    for text in CHATS:
+        prompt = bf16.tokenizer.encode_chat([{"role": "user", "content": text}])
+        truth = _next_token_logits(exact, prompt)
+        gpu_error, bf16_error = (
+            np.linalg.norm(_next_token_logits(llm, prompt) - truth) / np.linalg.norm(truth) for llm in (gpu, bf16)
+        )
+        print(f"{linear_backend}: {text!r}: relative error vs float32, GPU {gpu_error:.2e}, bf16 NumPy {bf16_error:.2e}")
+        assert gpu_error <= 2 * bf16_error
+
+
 def test_abort_frees_blocks_on_gpu(gpu_llm):
     engine = gpu_llm.engine
     keep = engine.add_request("Count from one to ten.", SamplingParams(temperature=0.0, max_tokens=8))
