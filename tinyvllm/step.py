@@ -142,8 +142,7 @@ class StepBuffers:
         for name, host in self.host_fields.items():
             value = getattr(step, name)
             host[: value.shape[0]] = value
-        rows = step.block_tables.shape[0]
-        used = self.block_tables_offset + rows * step.block_tables.shape[1] * 4
+        used = self.block_tables_offset + step.block_tables.nbytes
         self.backend.upload_bytes(self.staging, self.device, used)
 
     def views(self, step: HostStep) -> StepInputs:
