@@ -1,4 +1,4 @@
-"""Shared helpers for the kernel tests: the world we are in, poisoned outputs, error norms."""
+"""Shared helpers for the tests: the world we are in, poisoned outputs, error norms, logits."""
 
 import os
 
@@ -6,6 +6,7 @@ import numpy as np
 from numba import cuda
 
 from tinyvllm.kernels.bf16 import from_bf16, to_bf16
+from tinyvllm.sampling_params import SamplingParams
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 BF16_NAN = np.uint16(0x7FC0)
@@ -55,3 +56,13 @@ def assert_no_leak(llm) -> None:
     scheduler = llm.engine.scheduler
     assert not scheduler.has_unfinished()
     assert scheduler.num_free_blocks == scheduler.allocator.num_blocks
+
+
+def next_token_logits(llm, prompt_ids: list[int]) -> np.ndarray:
+    """An engine's float32 logits for the token after prompt_ids (its step's one sampled row), in float64."""
+    engine = llm.engine
+    engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1))
+    engine.step()
+    assert not engine.has_unfinished_requests()
+    row = engine.runner.workspace.logits[0]
+    return (row.copy_to_host() if hasattr(row, "copy_to_host") else np.array(row)).astype(np.float64)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import assert_no_leak
+from tests.helpers import assert_no_leak, next_token_logits, relative_error
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.default_model import default_model_dir
 
@@ -34,16 +34,6 @@ def gpu_llm(smollm2):
     return LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096)
 
 
-def _next_token_logits(llm: LLM, prompt_ids: list[int]) -> np.ndarray:
-    """The float32 logits an engine computes for the token after prompt_ids."""
-    engine = llm.engine
-    engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1))
-    engine.step()
-    assert not engine.has_unfinished_requests()
-    row = engine.runner.workspace.logits[0]
-    return (row.copy_to_host() if hasattr(row, "copy_to_host") else np.array(row)).astype(np.float64)
-
-
 def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     """Token for token, except at a near-tie. Where the two runs part, the GPU's logits must
     be as close to the float32 reference as the bf16 NumPy reference's are (both round to
@@ -61,11 +51,10 @@ def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
         partings += 1
         at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
         prompt = reference.tokenizer.encode_chat(conversation) + theirs[:at]
-        reference_logits = _next_token_logits(reference, prompt)
-        gpu_logits = _next_token_logits(gpu_llm, prompt)
-        exact = _next_token_logits(LLM(smollm2, backend="numpy", max_model_len=2048), prompt)
-        gpu_error = np.linalg.norm(gpu_logits - exact) / np.linalg.norm(exact)
-        reference_error = np.linalg.norm(reference_logits - exact) / np.linalg.norm(exact)
+        reference_logits = next_token_logits(reference, prompt)
+        gpu_logits = next_token_logits(gpu_llm, prompt)
+        exact = next_token_logits(LLM(smollm2, backend="numpy", max_model_len=2048), prompt)
+        gpu_error, reference_error = relative_error(gpu_logits, exact), relative_error(reference_logits, exact)
         print(f"parting at token {at}: relative error vs float32, GPU {gpu_error:.2e}, bf16 NumPy {reference_error:.2e}")
         assert gpu_error <= 2 * reference_error
         disagreement = np.abs(gpu_logits - reference_logits).max()
@@ -87,10 +76,8 @@ def test_logits_as_close_to_float32_as_the_bf16_reference(smollm2, linear_backen
     exact = LLM(smollm2, backend="numpy", max_model_len=2048)
     for text in CHATS:
         prompt = bf16.tokenizer.encode_chat([{"role": "user", "content": text}])
-        truth = _next_token_logits(exact, prompt)
-        gpu_error, bf16_error = (
-            np.linalg.norm(_next_token_logits(llm, prompt) - truth) / np.linalg.norm(truth) for llm in (gpu, bf16)
-        )
+        truth = next_token_logits(exact, prompt)
+        gpu_error, bf16_error = (relative_error(next_token_logits(llm, prompt), truth) for llm in (gpu, bf16))
         print(f"{linear_backend}: {text!r}: relative error vs float32, GPU {gpu_error:.2e}, bf16 NumPy {bf16_error:.2e}")
         assert gpu_error <= 2 * bf16_error
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.helpers import next_token_logits
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
@@ -21,17 +22,6 @@ CHATS = [
     "Write a haiku about autumn.",
     "Give me two tips for learning Python.",
 ]
-
-
-
-
-def _first_step_logits(llm: LLM, prompt_ids: list[int]) -> np.ndarray:
-    """Our float32 logits for the token after the prompt (the first sampled row)."""
-    engine = llm.engine
-    request_id = engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1))
-    engine.step()
-    assert not engine.has_unfinished_requests() and request_id
-    return np.array(engine.runner.workspace.logits[0], dtype=np.float64)
 
 
 def _hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
@@ -61,7 +51,7 @@ def test_smollm2_matches_transformers(smollm2_dir):  # noqa: F811
         prompt_ids = llm.tokenizer.encode_chat(messages)
         rendered = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert prompt_ids == hf_tokenizer(rendered, add_special_tokens=False)["input_ids"]
-        _assert_logits_close(_first_step_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
+        _assert_logits_close(next_token_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
         ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=32))[0].token_ids
         assert ours == _hf_greedy(model, prompt_ids, 32)
 
@@ -75,6 +65,6 @@ def test_llama3_rope_scaling_beyond_original_context_matches_transformers(tmp_pa
     rng = np.random.default_rng(0)
     for length in (70, 100, 130):
         prompt_ids = rng.integers(0, 256, length).tolist()
-        _assert_logits_close(_first_step_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
+        _assert_logits_close(next_token_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
         ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
         assert ours.token_ids == _hf_greedy(model, prompt_ids, 24)[: len(ours.token_ids)]
