@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda
 
-from perf.timing import median_ms, result_header
+from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.kernels import attention_decode, attention_prefill
 from tinyvllm.kernels.attention_decode import (
     BLOCKS_PER_SM,
@@ -57,29 +57,6 @@ PREFILL_SWEEP = ((4, 16, 128), (2, 16, 128), (2, 32, 128), (8, 8, 128), (1, 64, 
 DECODE_SWEEP = ((128, 4), (128, 2), (64, 4), (256, 4), (256, 2))
 """(DECODE_THREADS, TOKENS_PER_STEP) variants; the first is the default."""
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_attention.json"
-THREADS = 256
-
-
-@cuda.jit
-def _fill_random_bf16(flat, seed):
-    """bf16 of magnitude 1/8 to 2 with random signs, from a hash of the index (splitmix64)."""
-    for i in range(cuda.grid(1), flat.size, cuda.gridsize(1)):
-        x = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-        magnitude = np.uint64(0x3E00) + (x & np.uint64(0x1FF))
-        sign = (x >> np.uint64(40)) & np.uint64(0x8000)
-        flat[i] = np.uint16(magnitude | sign)
-
-
-_seed = iter(range(1, 1 << 30))
-
-
-def random_bf16(*shape: int):
-    array = cuda.device_array(shape, dtype=np.uint16)
-    _fill_random_bf16[1024, THREADS](array.reshape(-1), next(_seed) * 0x1234567)
-    return array
 
 
 def widen(values) -> np.ndarray:
@@ -208,13 +185,6 @@ def sweep(cache: Cache, repeats: int) -> list[dict]:
     return rows
 
 
-def copy_tbps(repeats: int) -> float:
-    """The ceiling: a 1 GiB device-to-device copy, bytes read plus written over the time."""
-    source, target = random_bf16(1 << 29), random_bf16(1 << 29)
-    milliseconds = median_ms(lambda: target.copy_to_device(source), repeats=repeats)
-    return 2 * source.nbytes / milliseconds / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -223,7 +193,7 @@ def main() -> None:
     if config.ENABLE_CUDASIM:
         raise SystemExit("bench_attention times real kernels: it needs a CUDA GPU, not the simulator")
     cache = Cache(max(DECODE_BATCHES) * max(DECODE_CONTEXTS))
-    copy = copy_tbps(args.repeats)
+    copy = copy_tbps(1 << 29, args.repeats)
 
     decode = [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]

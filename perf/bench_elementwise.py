@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda
 
-from perf.timing import median_ms, result_header
+from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.embedding import embedding
 from tinyvllm.kernels.rmsnorm import rmsnorm
@@ -43,13 +43,6 @@ LLAMA_3_2_SCALING = LLAMA_3_2_1B_CONFIG["rope_scaling"]
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_elementwise.json"
 
 rng = np.random.default_rng(0)
-
-
-def random_bf16(*shape: int):
-    """Device bf16 values of magnitude 1/8 to 2 with random signs: no zeros, no specials."""
-    magnitude = rng.integers(0x3E00, 0x4000, shape, dtype=np.uint16)
-    sign = rng.integers(0, 2, shape, dtype=np.uint16) << np.uint16(15)
-    return cuda.to_device(magnitude | sign)
 
 
 def cases(tokens: int):
@@ -97,13 +90,6 @@ def embedding_table():
     return random_bf16(VOCAB, EMBED_HIDDEN)
 
 
-def copy_tbps(repeats: int) -> float:
-    """The measured ceiling: a device-to-device copy of one prefill-sized bf16 activation."""
-    source, target = random_bf16(BAR_TOKENS, HIDDEN), random_bf16(BAR_TOKENS, HIDDEN)
-    milliseconds = median_ms(lambda: target.copy_to_device(source), repeats=repeats)
-    return 2 * source.nbytes / (milliseconds * 1e-3) / 1e12
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
@@ -133,7 +119,7 @@ def main() -> None:
                     "percent_of_copy_ceiling": percent,
                 }
             )
-    measured_copy = copy_tbps(args.repeats)
+    measured_copy = copy_tbps(BAR_TOKENS * HIDDEN, args.repeats)
     print(f"device-to-device copy, {BAR_TOKENS}x{HIDDEN} bf16: {measured_copy:.2f} TB/s (ceiling: {COPY_CEILING_TBPS})")
     bars = {
         f"{row['op']}@{BAR_TOKENS}": row["effective_tbps"] >= BAR_TBPS

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda
 
-from perf.timing import median_ms, result_header
+from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels.bf16 import from_bf16
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import gemm
@@ -52,16 +52,6 @@ GEMV_BAR_TBPS = 3.4
 GEMV_BAR_LAYERS = ("gate|up_proj", "down_proj")
 STREAMED_BYTES = 512 << 20
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
-
-rng = np.random.default_rng(0)
-
-
-def random_bf16(*shape: int):
-    """Device bf16 values of magnitude 1/8 to 2 with random signs: no zeros, no specials."""
-    magnitude = rng.integers(0x3E00, 0x4000, shape, dtype=np.uint16)
-    sign = rng.integers(0, 2, shape, dtype=np.uint16) << np.uint16(15)
-    return cuda.to_device(magnitude | sign)
-
 
 def problems():
     """(layer, x, weight, out dtype) for every layer and row count, then the square product."""

@@ -33,7 +33,7 @@ import numpy as np
 from numba import cuda
 
 from perf.models import model_dir
-from perf.timing import _hold_kernel, result_header
+from perf.timing import hold, result_header
 from tinyvllm.engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.step import build_step
@@ -76,10 +76,6 @@ def _label(name: str, args: tuple) -> str:
     return name
 
 
-def _hold(stream) -> None:
-    _hold_kernel[1, 1, stream](HOLD_US)
-
-
 def operator_times(engine: LLMEngine) -> tuple[dict, list]:
     """Per-operator GPU microseconds of one eager decode step; the step itself then runs."""
     runner = engine.runner
@@ -88,7 +84,7 @@ def operator_times(engine: LLMEngine) -> tuple[dict, list]:
     step = build_step(batch, runner.limits.block_size, runner.limits.max_blocks_per_seq)
     inputs = runner.buffers.upload(step)
     runner.model.backend = runner.backend = timed
-    _hold(timed.stream)
+    hold(timed.stream, HOLD_US)
     runner.forward_and_sample(inputs)
     runner.model.backend = runner.backend = timed._backend
     cuda.synchronize()
@@ -110,7 +106,7 @@ def graph_us(engine: LLMEngine, batch_size: int) -> float:
     bucket = next(size for size in graphs.buckets if size >= batch_size)
     times = []
     for _ in range(REPEATS):
-        _hold(backend.stream)
+        hold(backend.stream, HOLD_US)
         start, end = cuda.event(), cuda.event()
         start.record(backend.stream)
         backend.launch_graph(graphs.graphs[bucket])

@@ -16,6 +16,10 @@ honest number, and each timed run deals with both before its start event:
   to HBM as it evicts them (about one byte written per byte read, which halves the
   bandwidth a streaming kernel sees).
 
+Inputs are `random_bf16` arrays, filled on the GPU: never zeros, whose arithmetic can be
+faster than real data's. `copy_tbps` times the device-to-device copy that every
+memory-bound kernel is compared against.
+
 `result_header()` is what each results JSON starts with: device, date, git revision and
 the command that produced it. The revision is GIT_REV when that is set (the device
 machine gets a copy of the work tree, whose .git may be stale), else git's.
@@ -56,6 +60,42 @@ def _hold_kernel(microseconds):
         cuda.nanosleep(1000)
 
 
+@cuda.jit
+def _fill_random_bf16(flat, seed):
+    """bf16 of magnitude 1/8 to 2 with random signs, from a hash of the index (splitmix64)."""
+    for i in range(cuda.grid(1), flat.size, cuda.gridsize(1)):
+        x = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        magnitude = np.uint64(0x3E00) + (x & np.uint64(0x1FF))
+        sign = (x >> np.uint64(40)) & np.uint64(0x8000)
+        flat[i] = np.uint16(magnitude | sign)
+
+
+_seeds = iter(range(1, 1 << 30))
+
+
+def random_bf16(*shape: int):
+    """A device array of bf16 values of magnitude 1/8 to 2 with random signs, filled on the
+    GPU (a benchmark never times zeros, and multi-GB inputs would take long on the host)."""
+    array = cuda.device_array(shape, dtype=np.uint16)
+    _fill_random_bf16[1024, THREADS](array.reshape(-1), next(_seeds) * 0x1234567)
+    return array
+
+
+def hold(stream, microseconds: int = HOLD_US) -> None:
+    """Keep `stream` busy for a while, so that the work launched after it queues up behind."""
+    _hold_kernel[1, 1, stream](microseconds)
+
+
+def copy_tbps(num_elements: int, repeats: int) -> float:
+    """The ceiling: a device-to-device copy of num_elements bf16, bytes read plus written over the time."""
+    source, target = random_bf16(num_elements), random_bf16(num_elements)
+    milliseconds = median_ms(lambda: target.copy_to_device(source), repeats=repeats)
+    return 2 * source.nbytes / milliseconds / 1e9
+
+
 @functools.cache
 def _flush_buffers():
     """A zeroed buffer to read (zeroed so that `never` = 1 is never found) and a sink."""
@@ -67,7 +107,7 @@ def _flush_buffers():
 def _prepare(stream) -> None:
     buffer, sink = _flush_buffers()
     _flush_kernel[1024, THREADS, stream](buffer, np.uint32(1), sink)
-    _hold_kernel[1, 1, stream](HOLD_US)
+    hold(stream)
 
 
 def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, stream=0) -> float:
