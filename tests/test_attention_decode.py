@@ -130,7 +130,8 @@ def test_decode_partitions_fill_the_grid_without_tiny_parts(num_seqs, num_kv_hea
 def test_decode_partitions_on_the_h200():
     """The bench shapes (Llama 3.2 1B: 8 KV heads, 132 SMs): split at batch 1, not at 64."""
     max_grid = BLOCKS_PER_SM * 132
-    assert decode_partitions(1, 8, 8192, max_grid) == 8192 // MIN_PARTITION_TOKENS
+    assert decode_partitions(1, 8, 8192, max_grid) == MAX_PARTITIONS
+    assert decode_partitions(1, 8, 2048, max_grid) == 2048 // MIN_PARTITION_TOKENS
     assert decode_partitions(64, 8, 2048, max_grid) == 1
     assert decode_partitions(256, 8, 8192, max_grid) == 1
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import SIMULATOR, assert_no_leak
+from tests.operator_check import OPERATOR_TOLERANCE, all_outputs, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
@@ -92,6 +93,21 @@ def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model, tmp_p
         assert _one_at_a_time(roomy, prompts, params) == expected
     for llm in (roomy, static, cramped):
         assert_no_leak(llm)
+
+
+def test_every_kernel_matches_the_bf16_reference_on_its_own_inputs(tiny_model, tmp_path):
+    """Each operator of the forward, prefill and decode, fed the kernels' own inputs
+    (tests/operator_check.py): the simulator on a one-layer model with the tiled GEMM,
+    the GPU on the tiny model with cuBLAS and the GEMV. (SmolLM2: test_gpu_engine.py.)"""
+    if SIMULATOR:
+        model = make_random_llama_dir(tmp_path / "sim", tokenizer="bytes", config_overrides=SIMULATOR_OVERRIDES)
+        prompts, limits = [[3, 1, 4], [9, 2]], {"max_num_batched_tokens": 16, "linear_backend": "tiled"}
+    else:
+        model, prompts, limits = tiny_model, _prompts(4, seed=7), {}
+    llm = LLM(model, backend="cuda", block_size=4, num_blocks=64, enforce_eager=True, **limits)
+    worst = worst_operator_errors(llm, prompts, max_tokens=2)
+    assert set(worst) == all_outputs()
+    assert max(worst.values()) <= OPERATOR_TOLERANCE, worst
 
 
 def test_chunked_prefill_matches_whole_prefill(tiny_model):

@@ -9,9 +9,9 @@ from numba import cuda
 from tests.helpers import pick, poisoned, random_bf16, relative_error
 from tests.test_gemm import FLOAT32_TOLERANCE, OUTPUT_DTYPES, assert_close, expected, run
 from tinyvllm.kernels.gemm import gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, ROWS_PER_BLOCK, THREADS, gemv
+from tinyvllm.kernels.gemv import MAX_ROWS, MAX_THREADS, MIN_THREADS, ROWS_PER_BLOCK, gemv, threads_for
 
-LONG_KS = [8 * THREADS, 8 * THREADS + 8, 8 * THREADS + 3]
+LONG_KS = [16 * MAX_THREADS, 16 * MAX_THREADS + 8, 16 * MAX_THREADS + 3]
 """Long enough that a thread takes more than one chunk (and a ragged tail)."""
 
 
@@ -45,3 +45,12 @@ def test_gemv_refuses_more_than_max_rows():
     weight = cuda.to_device(random_bf16(rng, (3, 16)))
     with pytest.raises(ValueError, match="^x:"):
         gemv(x, weight, poisoned((MAX_ROWS + 1, 3), np.float32))
+
+
+@given(st.integers(1, 1 << 16))
+def test_gemv_block_leaves_each_thread_two_chunks(k):
+    threads = threads_for(k)
+    assert threads & (threads - 1) == 0 and MIN_THREADS <= threads <= MAX_THREADS
+    chunks = -(-k // 8)
+    assert threads == MIN_THREADS or chunks >= 2 * threads
+    assert threads == MIN_THREADS or threads == MAX_THREADS or chunks < 4 * threads

@@ -18,10 +18,15 @@ output); at the end the groups merge through shared memory (`attention_common`).
 
 Split-K (flash-decoding). With few sequences, S * Hkv blocks cannot fill the GPU and each
 streams a long context alone. `split_decode_attention` cuts every context into
-`num_partitions` equal parts, one block each, which write their unnormalised state
-(output slice, max, sum) to a float32 workspace; `_merge_partitions_kernel` then merges
-them. `decode_attention` is the one entry the model calls: it picks the number of
-partitions from the batch and the size of the GPU (`decode_partitions`), and runs
+`num_partitions` parts, one block each, which write their unnormalised state (output
+slice, max, sum) to a float32 workspace; `_merge_partitions_kernel` then merges them.
+Each block cuts its sequence's context itself, from the length it finds in
+`context_lens`, into parts of whole loop steps: a 512-token context of a sequence whose
+block table could hold 2048 is spread over all the blocks too, not left to the first
+few, and a captured CUDA graph (whose grid is fixed) still splits every context evenly.
+Blocks past the end of a short context find their part empty and write an empty state.
+`decode_attention` is the one entry the model calls: it picks the number of partitions
+from the batch, the table width and the size of the GPU (`decode_partitions`), and runs
 whichever fits.
 """
 
@@ -52,8 +57,9 @@ BLOCKS_PER_SM = 4
 """Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""
 REGISTER_FILE = 65536
 """32-bit registers per SM."""
-MIN_PARTITION_TOKENS = 256
-"""Split-K never cuts a context into parts shorter than this."""
+MIN_PARTITION_TOKENS = 64
+"""Split-K cuts a block table's width into parts no shorter than this (one loop step of a
+block at D = 64), so that a full-length context gives every block a step of work."""
 MAX_PARTITIONS = 64
 """Partitions are the grid's z dimension, which CUDA caps at 64."""
 WORKSPACE_EXTRA = 2
@@ -78,7 +84,7 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     bounds = {} if SIMULATOR else {"launch_bounds": (threads, resident)}
 
     @cuda.jit(**bounds)
-    def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, partition_size, result):
+    def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         partition = cuda.blockIdx.z
@@ -91,8 +97,12 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         lane = cuda.threadIdx.x % lanes
         token_group = cuda.threadIdx.x // lanes
         column = lane * VECTOR
-        start = partition * partition_size
-        end = min(context_lens[seq], start + partition_size)
+        # --8<-- [start:partition]
+        context_len = context_lens[seq]
+        partition_steps = (context_len + cuda.gridDim.z * step - 1) // (cuda.gridDim.z * step)
+        start = partition * partition_steps * step
+        end = min(context_len, start + partition_steps * step)
+        # --8<-- [end:partition]
 
         query = cuda.local.array((group, VECTOR), float32)
         acc = cuda.local.array((group, VECTOR), float32)
@@ -219,7 +229,7 @@ def _check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, partition_size, stream) -> None:
+def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> None:
     """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -230,7 +240,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions,
     grid = (num_kv_heads, num_seqs, partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
-    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, partition_size, result)
+    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, result)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, *, stream=0) -> None:
@@ -243,7 +253,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out,
     num_seqs, *_, max_blocks = _check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
     if num_seqs == 0:
         return
-    _launch(q, k_cache, v_cache, block_tables, context_lens, out, 1, max_blocks * k_cache.shape[1], stream)
+    _launch(q, k_cache, v_cache, block_tables, context_lens, out, 1, stream)
 
 
 def split_decode_attention(
@@ -254,9 +264,8 @@ def split_decode_attention(
     workspace: float32[rows, D + 2] with rows >= S * Hq * num_partitions (see
     `decode_workspace_shape`). Other arguments as in `paged_decode_attention`.
     """
-    num_seqs, num_heads, _, head_dim, block_size, max_blocks = _check_decode(
-        q, k_cache, v_cache, block_tables, context_lens, out
-    )
+    num_seqs, num_heads, *_ = _check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
+    head_dim = q.shape[2]
     rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
     if not 1 <= num_partitions <= MAX_PARTITIONS:
         raise ValueError(f"num_partitions must be 1 to {MAX_PARTITIONS}, got {num_partitions}")
@@ -265,8 +274,7 @@ def split_decode_attention(
         raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
     if num_seqs == 0:
         return
-    partition_size = -(-max_blocks * block_size // num_partitions)
-    _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, partition_size, stream)
+    _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
     threads = min(DECODE_THREADS, head_dim)
     _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, num_partitions, out)
 
@@ -277,7 +285,8 @@ def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, ma
 
     max_grid is the number of decode blocks the GPU holds at once (BLOCKS_PER_SM per SM).
     S * Hkv blocks that already fill it need no split; fewer get as many parts as keep
-    the grid within it, each at least MIN_PARTITION_TOKENS long (and MAX_PARTITIONS at most).
+    the grid within it (MAX_PARTITIONS at most), but no more than leave each part of
+    max_context_len (the block table's width) MIN_PARTITION_TOKENS long.
     """
     by_occupancy = max_grid // max(1, num_seqs * num_kv_heads)
     by_length = max_context_len // MIN_PARTITION_TOKENS
