@@ -13,9 +13,11 @@ on every step is a decode step of B sequences. Then:
   warm, as it is inside a real step.
 - graph: the captured decode graph of B's bucket, replayed behind a hold kernel (median).
 - host overhead: the wall time of `LLMEngine.step()` minus the graph's GPU time, i.e.
-  what the step spends in Python (schedule, metadata, upload, sync, postprocess,
-  detokenize) while the GPU does not work for it. Issue bar: <= 300 us at batch 256.
-  Then a cProfile of the same steps names the host functions that take the time.
+  the gap between steps, while the GPU waits for the host. The engine runs a step ahead
+  (it launches step n before it waits for step n-1), so the host's work for a step
+  (schedule, metadata, upload, postprocess, detokenize) is hidden behind the GPU's work
+  for the step before, as far as it fits. Issue bar: <= 300 us at batch 256. Then a
+  cProfile of the same steps names the host functions that take the time.
 
 Results: perf/results/profile_step.json.
 """
@@ -36,7 +38,6 @@ from perf.models import model_dir
 from perf.timing import hold, result_header
 from tinyvllm.engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.step import build_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
 OPERATORS = frozenset({
@@ -77,18 +78,16 @@ def _label(name: str, args: tuple) -> str:
 
 
 def operator_times(engine: LLMEngine) -> tuple[dict, list]:
-    """Per-operator GPU microseconds of one eager decode step; the step itself then runs."""
+    """Per-operator GPU microseconds of one engine step run eagerly (graphs set aside)."""
     runner = engine.runner
-    batch = engine.scheduler.schedule()
+    graphs, runner.graphs = runner.graphs, None
     timed = TimedBackend(runner.backend)
-    step = build_step(batch, runner.limits.block_size, runner.limits.max_blocks_per_seq)
-    inputs = runner.buffers.upload(step)
     runner.model.backend = runner.backend = timed
     hold(timed.stream, HOLD_US)
-    runner.forward_and_sample(inputs)
+    engine.step()
     runner.model.backend = runner.backend = timed._backend
+    runner.graphs = graphs
     cuda.synchronize()
-    engine.scheduler.postprocess(batch, runner.execute(batch))
     totals = defaultdict(lambda: [0, 0.0])
     for label, start, end in timed.records:
         totals[label][0] += 1

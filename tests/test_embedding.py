@@ -8,7 +8,7 @@ from numba import cuda
 
 from tests.helpers import BF16_NAN, pick, poisoned, random_bf16
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.embedding import embedding
+from tinyvllm.kernels.embedding import embedding, feed_sampled_tokens
 
 
 @st.composite
@@ -90,3 +90,22 @@ def test_bad_arguments_are_rejected_by_name(name, make_bad):
     arguments[name] = make_bad()
     with pytest.raises(ValueError, match=f"^{name}:"):
         embedding(**arguments)
+
+
+@given(st.integers(1, pick(40, 3000)), st.integers(1, 300), st.randoms(use_true_random=False))
+def test_feed_copies_sampled_tokens_into_the_rows_that_name_a_source(num_tokens, num_sampled, random):
+    rng = np.random.default_rng(random.getrandbits(32))
+    token_ids = rng.integers(-1, 50_000, num_tokens).astype(np.int32)
+    sources = np.where(rng.random(num_tokens) < 0.5, rng.integers(0, num_sampled, num_tokens), -1).astype(np.int32)
+    sampled = rng.integers(0, 50_000, num_sampled).astype(np.int32)
+    device_ids = cuda.to_device(token_ids)
+    feed_sampled_tokens(device_ids, cuda.to_device(sources), cuda.to_device(sampled))
+    expected = reference.feed_sampled_tokens(token_ids, sources, sampled)
+    np.testing.assert_array_equal(device_ids.copy_to_host(), expected)
+    np.testing.assert_array_equal(expected[sources < 0], token_ids[sources < 0])
+
+
+def test_feed_rejects_sources_of_another_length():
+    ids = cuda.to_device(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="^token_sources:"):
+        feed_sampled_tokens(ids, cuda.to_device(np.zeros(3, np.int32)), cuda.to_device(np.zeros(2, np.int32)))

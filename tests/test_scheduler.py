@@ -102,7 +102,9 @@ def step(scheduler: Scheduler, model: FakePagedModel) -> ScheduledBatch | None:
     batch = scheduler.schedule()
     if batch is not None:
         check_batch(scheduler, batch)
-        scheduler.postprocess(batch, model.step(batch))
+        sampled = model.step(batch)
+        scheduler.launched(batch)
+        scheduler.postprocess(batch, sampled)
     return batch
 
 
@@ -171,6 +173,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.batch_members |= ids
             assert len(self.batch_members) <= self.config.max_num_seqs
         self.model.forward(batch)
+        self.scheduler.launched(batch)
         finished = self.scheduler.postprocess(batch, np.array(tokens[: batch.num_samples]))
         for seq in finished:
             assert seq.is_finished and seq.block_table == [] and seq.finish_reason in ("stop", "length")
@@ -436,6 +439,7 @@ def test_abort_while_the_step_runs_is_skipped_by_postprocess():
     kept, aborted = add(scheduler, "kept", 2, 4), add(scheduler, "aborted", 2, 4)
     batch = scheduler.schedule()
     sampled = model.step(batch)
+    scheduler.launched(batch)
     scheduler.abort("aborted")
     scheduler.postprocess(batch, sampled)
     assert kept.num_completion_tokens == 1 and aborted.num_completion_tokens == 0
@@ -462,6 +466,7 @@ def test_postprocess_wants_one_token_per_sampling_sequence():
     scheduler, _ = make_scheduler(num_blocks=4)
     add(scheduler, "a", 2, 4)
     batch = scheduler.schedule()
+    scheduler.launched(batch)
     with pytest.raises(ValueError, match="sampled_token_ids"):
         scheduler.postprocess(batch, np.array([1, 2]))
 

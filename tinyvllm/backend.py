@@ -64,8 +64,14 @@ class NumpyBackend:
     def upload_bytes(self, host: np.ndarray, device: np.ndarray, nbytes: int) -> None:
         device[:nbytes] = host[:nbytes]
 
-    def download(self, device: np.ndarray, count: int) -> np.ndarray:
-        return np.array(device[:count])
+    def download_async(self, device: np.ndarray, host: np.ndarray, count: int) -> None:
+        host[:count] = device[:count]
+
+    def record_event(self) -> None:
+        """Nothing runs asynchronously on the host: there is nothing to wait for."""
+
+    def wait(self, event: None) -> None:
+        """The work before `event` is done already."""
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the host."""
@@ -82,6 +88,9 @@ class NumpyBackend:
     # -- operators ---------------------------------------------------------------
     def embedding(self, token_ids, table, out) -> None:
         self._write(out, reference.embedding(token_ids, self._read(table)))
+
+    def feed_sampled_tokens(self, token_ids, token_sources, sampled) -> None:
+        token_ids[...] = reference.feed_sampled_tokens(token_ids, token_sources, sampled)
 
     def gather_rows(self, indices, source, out) -> None:
         out[...] = source[indices]

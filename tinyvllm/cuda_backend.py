@@ -82,14 +82,23 @@ class CudaBackend:
         else:
             host_to_device(device, host, nbytes, stream=self.stream)
 
-    def download(self, device, count: int) -> np.ndarray:
-        """The first `count` elements of a 1-D device array, once the stream's work is done."""
+    def download_async(self, device, host: np.ndarray, count: int) -> None:
+        """Queue a copy of the first `count` elements of a 1-D device array into (pinned)
+        host memory, behind the stream's work; `record_event` then `wait` to read it."""
         if self.simulated:
-            return device[:count].copy_to_host()
-        host = np.empty(count, dtype=device.dtype)
-        device_to_host(host, device, count * device.dtype.itemsize, stream=self.stream)
-        self.stream.synchronize()
-        return host
+            host[:count] = device[:count].copy_to_host()
+        else:
+            device_to_host(host, device, count * device.dtype.itemsize, stream=self.stream)
+
+    def record_event(self):
+        """An event marking the stream's work queued so far."""
+        event = cuda.event(timing=False)
+        event.record(self.stream)
+        return event
+
+    def wait(self, event) -> None:
+        """Block the host until the work before `event` is done (and no later work)."""
+        event.synchronize()
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -120,6 +129,9 @@ class CudaBackend:
     # -- operators ---------------------------------------------------------------
     def embedding(self, token_ids, table, out) -> None:
         embedding.embedding(token_ids, table, out, stream=self.stream)
+
+    def feed_sampled_tokens(self, token_ids, token_sources, sampled) -> None:
+        embedding.feed_sampled_tokens(token_ids, token_sources, sampled, stream=self.stream)
 
     def gather_rows(self, indices, source, out) -> None:
         embedding.embedding(indices, source, out, stream=self.stream)

@@ -43,6 +43,7 @@ def pad_decode_step(step: HostStep, size: int) -> HostStep:
 
     return HostStep(
         token_ids=pad(step.token_ids, 0),
+        token_sources=pad(step.token_sources, -1),
         positions=pad(step.positions, 0),
         slot_mapping=pad(step.slot_mapping, -1),
         block_tables=pad(step.block_tables, 0),
@@ -85,12 +86,12 @@ class DecodeGraphs:
             runner.forward_and_sample(inputs)
             self.graphs[size] = runner.backend.end_capture()
 
-    def replay(self, runner, step: HostStep) -> np.ndarray:
-        """Run a decode step of B <= max_batch sequences; return its B sampled tokens."""
+    def replay(self, runner, step: HostStep) -> None:
+        """Launch a decode step of B <= max_batch sequences: its B sampled tokens go to
+        the leading rows of the runner's `buffers.sampled`."""
         batch = step.token_ids.shape[0]
         size = next(bucket for bucket in self.buckets if bucket >= batch)
         buffers: StepBuffers = runner.buffers
         buffers.stage(pad_decode_step(step, size))
         runner.backend.launch_graph(self.graphs[size])
-        return runner.backend.download(buffers.sampled, batch)
 # --8<-- [end:graphs]

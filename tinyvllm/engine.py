@@ -19,7 +19,8 @@ from tinyvllm.detokenizer import IncrementalDetokenizer, find_stop_string
 from tinyvllm.engine_setup import EngineArgs, build_runner
 from tinyvllm.memory import BlockAllocator
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.runner import LaunchedStep
+from tinyvllm.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from tinyvllm.sequence import RequestOutput, Sequence
 from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.weights import load_weights
@@ -52,6 +53,7 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._final_only: set[str] = set()
         self._request_ids = itertools.count()
+        self._in_flight: tuple[ScheduledBatch, LaunchedStep] | None = None
 
     # -- requests ------------------------------------------------------------------
     def add_request(
@@ -101,13 +103,26 @@ class LLMEngine:
 
     # -- stepping ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; return the state of every request that got a token
-        (of a `final_only` request: only once it has finished)."""
+        """Launch the next scheduled batch, then finish the one launched by the call
+        before; return the state of every request that got a token from it (of a
+        `final_only` request: only once it has finished).
+
+        Running a step ahead keeps the GPU busy while the host works: step n is queued
+        before the host waits for step n-1's tokens, and their bookkeeping (stop checks,
+        detokenizing, the next schedule) overlaps step n on the device. The first call
+        launches and returns nothing; a request's last token comes one call after the
+        device sampled it.
+        """
         batch = self.scheduler.schedule()
-        if batch is None:
+        launched = None
+        if batch is not None:
+            launched = (batch, self.runner.launch(batch))
+            self.scheduler.launched(batch)
+        previous, self._in_flight = self._in_flight, launched
+        if previous is None:
             return []
-        sampled = self.runner.execute(batch)
-        self.scheduler.postprocess(batch, sampled)
+        batch, step = previous
+        self.scheduler.postprocess(batch, self.runner.collect(step))
         outputs = []
         for seq, samples in zip(batch.seqs, batch.samples):
             if samples and seq.request_id in self._sequences:
@@ -124,7 +139,7 @@ class LLMEngine:
             return None
         detokenizer = self._detokenizers[seq.request_id]
         before = len(detokenizer.text)
-        detokenizer.step(seq.token_ids[len(detokenizer.token_ids) :])
+        detokenizer.step(seq.known_token_ids[len(detokenizer.token_ids) :])
         if seq.is_finished:
             detokenizer.finish()
         new_chars = len(detokenizer.text) - before

@@ -36,6 +36,7 @@ class StepInputs:
     """
 
     token_ids: object
+    token_sources: object
     positions: object
     slot_mapping: object
     block_tables: object

@@ -3,13 +3,17 @@ sampling sequence.
 
 The runner owns everything on the device: the model's weights, the KV arena, the
 activation workspace and the step metadata (`step.py`). For each step it builds the
-metadata on the host with NumPy, uploads it into persistent buffers, runs the forward and
-the sampler, and synchronises with the host once, to read the sampled tokens back.
-Decode-only steps replay a captured CUDA graph when the backend can capture
-(`cuda_graphs.py`).
+metadata on the host with NumPy, uploads it into persistent buffers, and queues the
+forward and the sampler (`launch`), without waiting for them. `collect` waits for that
+step alone and reads its sampled tokens back: one host synchronisation per step, which
+the engine makes after it has launched the next step, so the GPU never waits for the
+host in between. Decode-only steps replay a captured CUDA graph when the backend can
+capture (`cuda_graphs.py`).
 """
 
 import numpy as np
+
+from dataclasses import dataclass
 
 from tinyvllm.config import ModelConfig
 from tinyvllm.cuda_graphs import DecodeGraphs, graph_buckets
@@ -48,6 +52,7 @@ class ModelRunner:
         graphs = DecodeGraphs(graph_buckets(self.limits.max_num_seqs))
         template = HostStep(
             token_ids=np.zeros(1, np.int32),
+            token_sources=np.full(1, -1, np.int32),
             positions=np.zeros(1, np.int32),
             slot_mapping=np.full(1, -1, np.int32),
             block_tables=np.zeros((1, self.limits.max_blocks_per_seq), np.int32),
@@ -82,24 +87,49 @@ class ModelRunner:
     # --8<-- [end:warm-up]
 
     # --8<-- [start:execute]
-    def execute(self, batch: ScheduledBatch) -> np.ndarray:
-        """Run one scheduled batch; return the sampled token of each sampling sequence."""
+    def launch(self, batch: ScheduledBatch) -> "LaunchedStep":
+        """Queue one scheduled batch on the device; `collect` gives its sampled tokens."""
         step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq)
         decode_only = step.num_decode == step.context_lens.shape[0]
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
-            return self.graphs.replay(self, step)
-        self.forward_and_sample(self.buffers.upload(step))
-        return self.backend.download(self.buffers.sampled, step.sample_rows.shape[0])
+            self.graphs.replay(self, step)
+        else:
+            self.forward_and_sample(self.buffers.upload(step))
+        num_sampled = step.sample_rows.shape[0]
+        host = self.buffers.sampled_host[self.buffers.turn]
+        self.backend.download_async(self.buffers.sampled, host, num_sampled)
+        return LaunchedStep(host, num_sampled, self.backend.record_event())
+
+    def collect(self, launched: "LaunchedStep") -> np.ndarray:
+        """Wait for a launched step; return the sampled token of each sampling sequence."""
+        self.backend.wait(launched.done)
+        return launched.host[: launched.num_sampled].copy()
+
+    def execute(self, batch: ScheduledBatch) -> np.ndarray:
+        """`launch`, then `collect`: one step, start to finish."""
+        return self.collect(self.launch(batch))
 
     def forward_and_sample(self, inputs: StepInputs) -> None:
-        """The device work of a step (what a graph captures): the sampled tokens go to
-        the leading rows of `buffers.sampled`."""
+        """The device work of a step (what a graph captures): the tokens sampled by the
+        previous step go into the rows that wait for them, and this step's sampled tokens
+        to the leading rows of `buffers.sampled`."""
+        self.backend.feed_sampled_tokens(inputs.token_ids, inputs.token_sources, self.buffers.sampled)
         logits = self.model.forward(inputs, self.kv_caches, self.workspace)
         sampled = self.backend.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
         self.backend.sample(
             logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled
         )
     # --8<-- [end:execute]
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: where its sampled tokens will land, how many, and the
+    event that marks them there."""
+
+    host: np.ndarray
+    num_sampled: int
+    done: object
 
 
 def _single(seq: Sequence, num_tokens: int) -> ScheduledBatch:

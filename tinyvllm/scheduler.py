@@ -1,6 +1,11 @@
 """Which tokens the model computes next: continuous or static batching over the paged KV cache.
 
-One engine step is `schedule()`, one forward of the model over the batch, `postprocess()`.
+One engine step is `schedule()`, one forward of the model over the batch queued on the
+device (`launched()`), and, once its sampled tokens are back, `postprocess()`. The engine
+runs a step ahead: it schedules and launches step n before it postprocesses step n-1, so
+a sequence sampled in step n-1 carries a placeholder for that token (see `sequence.py`)
+while step n is scheduled, and a sequence whose placeholder will be its last token
+(max_tokens or max_model_len reached) is not scheduled again.
 As in vLLM v1 there are no prefill and decode phases: each step gives every scheduled
 sequence a number of tokens to compute, from `num_computed_tokens` toward `len(token_ids)`.
 A decode computes 1 token; a prefill computes its prompt, or only a chunk of it when the
@@ -15,7 +20,8 @@ queue, keeping its sampled tokens. Readmitted, its whole token list is its "prom
 next sample is the token it would have sampled anyway (the sampler draws from (seed,
 position)). `add` refuses a request whose longest possible sequence does not fit the whole
 cache, so the oldest running sequence can always grow (by preempting all the others) and
-the queue never deadlocks: schedule() returns None only when no request is unfinished.
+the queue never deadlocks: schedule() returns None only when no request is unfinished or
+every running one is only waiting for its last token.
 
 Policies (SchedulerConfig.mode):
 - continuous: running sequences first, in admission order; then waiting ones join in queue
@@ -30,12 +36,12 @@ Policies (SchedulerConfig.mode):
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tinyvllm.memory import BlockAllocator, blocks_needed
-from tinyvllm.sequence import Sequence, SequenceStatus
+from tinyvllm.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 MODES = ("continuous", "static")
 
@@ -72,6 +78,8 @@ class ScheduledBatch:
     num_scheduled_tokens: np.ndarray  # int32 [len(seqs)]
     samples: np.ndarray  # bool [len(seqs)]
     num_decodes: int
+    pending_indices: list[int] = field(default_factory=list)
+    """Set by `launched`: where in its token_ids each sampling sequence holds the placeholder."""
 
     @property
     def num_tokens(self) -> int:
@@ -155,6 +163,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         seq.set_finished(reason)
+        del seq.token_ids[len(seq.known_token_ids) :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
         del self._unfinished[seq.request_id]
@@ -171,6 +180,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if seq.token_ids[-1] == PENDING_TOKEN and self._reached_length(seq, seq.num_tokens):
+                index += 1  # its pending token is its last
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self._grow(seq, seq.num_computed_tokens + num_new):
                 victim = self.running.pop()
@@ -196,41 +208,58 @@ class Scheduler:
         )
     # --8<-- [end:schedule]
 
+    # --8<-- [start:launched]
+    def launched(self, batch: ScheduledBatch) -> None:
+        """The batch is queued on the device: its tokens count as computed, and each
+        sampling sequence holds a placeholder for the token it samples (row j of the
+        step's sampled tokens for the j-th sampling sequence) until `postprocess`."""
+        counts, sampling = batch.num_scheduled_tokens.tolist(), batch.samples.tolist()
+        batch.pending_indices = []
+        for seq, num_new, samples in zip(batch.seqs, counts, sampling):
+            seq.num_computed_tokens += num_new
+            if samples:
+                seq.pending_sample_row = len(batch.pending_indices)
+                batch.pending_indices.append(seq.num_tokens)
+                seq.append_token(PENDING_TOKEN)
+    # --8<-- [end:launched]
+
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: np.ndarray) -> list[Sequence]:
-        """Record a step: advance num_computed_tokens, append one sampled token per sampling
-        sequence (sampled_token_ids holds them in batch order, batch.num_samples of them),
-        finish on EOS, stop_token_ids, max_tokens or max_model_len. Returns the sequences
-        finished here, their blocks already freed. Sequences finished while the step ran
-        (aborted) are skipped."""
+        """Record a launched step's samples: each placeholder becomes its sampled token
+        (sampled_token_ids holds them in batch order, batch.num_samples of them), and a
+        sequence finishes on EOS, stop_token_ids, max_tokens or max_model_len (a
+        placeholder of a later step then goes). Returns the sequences finished here, their
+        blocks already freed. Sequences finished while the step ran (aborted, or stopped
+        by the step before) are skipped."""
         sampled = np.asarray(sampled_token_ids)
         if sampled.shape != (batch.num_samples,):
             raise ValueError(
                 f"sampled_token_ids must have shape ({batch.num_samples},), got {sampled.shape}"
             )
-        tokens = iter(sampled.tolist())
+        sampling = [seq for seq, samples in zip(batch.seqs, batch.samples.tolist()) if samples]
         finished = []
-        counts, sampling = batch.num_scheduled_tokens.tolist(), batch.samples.tolist()
-        for seq, num_new, samples in zip(batch.seqs, counts, sampling):
-            token = next(tokens) if samples else None
+        for seq, index, token in zip(sampling, batch.pending_indices, sampled.tolist()):
             if seq.is_finished:
                 continue
-            seq.num_computed_tokens += num_new
-            if token is None:
-                continue
-            seq.append_token(token)
-            reason = self._stop_reason(seq, token)
+            seq.token_ids[index] = token
+            reason = self._stop_reason(seq, token, index + 1)
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)
         return finished
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
+        """Why seq stops at its token `token`, the num_tokens-th of its list, if it does."""
         params = seq.sampling_params
         if (token in self._eos and not params.ignore_eos) or token in params.stop_token_ids:
             return "stop"
-        if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        if self._reached_length(seq, num_tokens):
             return "length"
         return None
+
+    def _reached_length(self, seq: Sequence, num_tokens: int) -> bool:
+        """A list of num_tokens tokens is as long as seq may grow."""
+        completion = num_tokens - seq.num_prompt_tokens
+        return completion >= seq.sampling_params.max_tokens or num_tokens >= self.config.max_model_len
 
     # --8<-- [start:grow]
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:

@@ -6,6 +6,11 @@ A `Sequence` is a list of token ids (the prompt, then each sampled token), of wh
 WAITING -> RUNNING -> FINISHED_*, and back to WAITING when it is preempted by recompute
 (blocks freed, num_computed_tokens = 0, sampled tokens kept).
 
+While the engine runs a step ahead, a token that has been sampled on the GPU but not yet
+read back is held by a placeholder, `PENDING_TOKEN`, at the end of `token_ids` (it counts
+as a token for positions and lengths; `known_token_ids` leaves it out), and
+`pending_sample_row` says which row of that step's sampled tokens it is.
+
 `seed` is fixed at creation (drawn at random when the request gives none): the sampler draws
 the token at position p from (seed, p), so a sequence recomputed after preemption samples
 exactly what it would have sampled without it.
@@ -43,6 +48,8 @@ _FINISHED = tuple(_FINISH_REASONS)
 
 _arrivals = itertools.count()
 
+PENDING_TOKEN = -1
+
 
 class Sequence:
     def __init__(
@@ -60,6 +67,7 @@ class Sequence:
         self.token_ids = token_ids
         self.num_prompt_tokens = len(token_ids)
         self.num_computed_tokens = 0
+        self.pending_sample_row = -1
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
         seed = sampling_params.seed
@@ -81,8 +89,17 @@ class Sequence:
         return self.token_ids[: self.num_prompt_tokens]
 
     @property
+    def known_token_ids(self) -> list[int]:
+        """token_ids without the placeholders of tokens still on the GPU."""
+        end = len(self.token_ids)
+        while self.token_ids[end - 1] == PENDING_TOKEN:
+            end -= 1
+        return self.token_ids[:end]
+
+    @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        """The sampled tokens the host has."""
+        return self.known_token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

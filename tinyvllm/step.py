@@ -7,6 +7,12 @@ token's K/V goes to, each sequence's block table and context length, the prefill
 offsets, which rows sample, and the sampling parameters of those rows. `StepBuffers`
 holds a device buffer of each, sized for the largest step, so a step allocates nothing
 and a captured CUDA graph finds its inputs where it left them.
+
+The engine runs a step ahead: it builds and launches step n before step n-1's sampled
+tokens are back on the host. A sequence sampled in step n-1 then has a placeholder
+(`PENDING_TOKEN`) as its last token, and its decode row in step n names where the GPU
+keeps the real one instead: `token_sources[t]`, the row of step n-1's sampled tokens
+(the runner copies it in on the device before the embedding, `feed_sampled_tokens`).
 """
 
 from dataclasses import dataclass
@@ -16,6 +22,7 @@ import numpy as np
 
 from tinyvllm.model import StepInputs
 from tinyvllm.scheduler import ScheduledBatch
+from tinyvllm.sequence import PENDING_TOKEN
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class HostStep:
     """One step's metadata on the host; `StepInputs` holds the same on the device."""
 
     token_ids: np.ndarray
+    token_sources: np.ndarray
     positions: np.ndarray
     slot_mapping: np.ndarray
     block_tables: np.ndarray
@@ -54,7 +62,9 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
     """NumPy metadata for a batch whose decode sequences come first.
 
     Each scheduled sequence computes tokens [start, start + n) of its token list, where
-    start = num_computed_tokens; the last of them samples if the batch says so.
+    start = num_computed_tokens; the last of them samples if the batch says so. A decode
+    token still pending on the GPU comes from row `pending_sample_row` of the previous
+    step's sampled tokens.
     """
     seqs, counts = batch.seqs, batch.num_scheduled_tokens.astype(np.int64)
     starts = np.fromiter((seq.num_computed_tokens for seq in seqs), np.int64, len(seqs))
@@ -65,6 +75,13 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
         chain.from_iterable(seq.token_ids[start:end] for seq, start, end in zip(seqs, starts.tolist(), ends.tolist())),
         np.int32,
         int(row_ends[-1]),
+    )
+    token_sources = np.full(token_ids.shape[0], -1, dtype=np.int32)
+    decoding = seqs[: batch.num_decodes]
+    token_sources[: batch.num_decodes] = np.fromiter(
+        (seq.pending_sample_row if seq.token_ids[-1] == PENDING_TOKEN else -1 for seq in decoding),
+        np.int32,
+        len(decoding),
     )
     table_lens = np.fromiter((len(seq.block_table) for seq in seqs), np.int64, len(seqs))
     flat_tables = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int32, int(table_lens.sum()))
@@ -78,6 +95,7 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
     params = [seq.sampling_params for seq in sampling]
     return HostStep(
         token_ids=token_ids,
+        token_sources=token_sources,
         positions=positions.astype(np.int32),
         slot_mapping=slot_mapping.astype(np.int32),
         block_tables=block_tables,
@@ -97,10 +115,13 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
 class StepBuffers:
     """Persistent buffers for the step metadata, sized for the largest step.
 
-    Every field lives at a fixed offset of one pinned host staging area and of one device
+    Every field lives at a fixed offset of a pinned host staging area and of one device
     area with the same layout, so a step's metadata crosses to the GPU in a single copy
-    (a copy per field costs tens of microseconds of Python each, and a step has twelve).
-    `block_tables` comes last, and only the rows a step uses are copied.
+    (a copy per field costs tens of microseconds of Python each, and a step has thirteen).
+    `block_tables` comes last, and only the rows a step uses are copied. There are two
+    staging areas, used in turn: the copy of step n may still be queued behind step n-1
+    while the host fills in step n+1. The sampled tokens come back the same way, into
+    two pinned areas used in turn.
     """
 
     ALIGNMENT = 256
@@ -110,6 +131,7 @@ class StepBuffers:
         self.backend = backend
         shapes = {
             "token_ids": ((tokens,), np.int32),
+            "token_sources": ((tokens,), np.int32),
             "positions": ((tokens,), np.int32),
             "slot_mapping": ((tokens,), np.int32),
             "context_lens": ((seqs,), np.int32),
@@ -126,24 +148,30 @@ class StepBuffers:
         for name, (shape, dtype) in shapes.items():
             offsets[name] = end
             end += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // self.ALIGNMENT) * self.ALIGNMENT
-        self.staging = backend.pinned_empty((end,), np.uint8)
+        self.staging = [backend.pinned_empty((end,), np.uint8) for _ in range(2)]
         self.device = backend.empty((end,), np.uint8)
-        self.host_fields, self.device_fields = {}, {}
+        self.host_fields = [{} for _ in self.staging]
+        self.device_fields = {}
         for name, (shape, dtype) in shapes.items():
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
             start = offsets[name]
-            self.host_fields[name] = self.staging[start : start + nbytes].view(dtype).reshape(shape)
+            for staging, fields in zip(self.staging, self.host_fields):
+                fields[name] = staging[start : start + nbytes].view(dtype).reshape(shape)
             self.device_fields[name] = backend.device_view(self.device, start, dtype, shape)
         self.block_tables_offset = offsets["block_tables"]
         self.sampled = backend.empty((seqs,), np.int32)
+        self.sampled_host = [backend.pinned_empty((seqs,), np.int32) for _ in range(2)]
+        self.turn = 0
 
     def stage(self, step: HostStep) -> None:
-        """Copy the step's metadata into the leading part of each field, on the device."""
-        for name, host in self.host_fields.items():
+        """Copy the step's metadata into the leading part of each field, on the device,
+        through the staging area whose turn it is."""
+        self.turn ^= 1
+        for name, host in self.host_fields[self.turn].items():
             value = getattr(step, name)
             host[: value.shape[0]] = value
         used = self.block_tables_offset + step.block_tables.nbytes
-        self.backend.upload_bytes(self.staging, self.device, used)
+        self.backend.upload_bytes(self.staging[self.turn], self.device, used)
 
     def views(self, step: HostStep) -> StepInputs:
         """Device views of the leading part of each field that `step` uses."""

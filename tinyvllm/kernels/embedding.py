@@ -12,6 +12,13 @@ synchronisation, so the engine validates ids on the host, where the tokenizer an
 request produce them, before they reach the device. The kernel still never reads out of
 bounds: a row with a bad id is filled with bf16 NaN (0x7FC0), which poisons everything
 downstream instead of silently using a wrong row.
+
+Tokens still on the GPU. When the engine runs a step ahead (it launches step n before it
+has read step n-1's sampled tokens back), the token a decode row needs is the one step
+n-1 sampled, which only the GPU has. `feed_sampled_tokens` copies it into the row's token
+id, from the sampled-token buffer the previous step wrote, before the embedding reads it:
+
+    token_ids[t] = sampled[token_sources[t]]    where token_sources[t] >= 0
 """
 
 import numpy as np
@@ -59,3 +66,20 @@ def embedding(token_ids, table, out, *, stream=0) -> None:
         return
     threads = min(MAX_THREADS, WARP * -(-(hidden // VECTOR) // WARP))
     _embedding_kernel[num_tokens, threads, stream](token_ids, table, out)
+
+
+@cuda.jit
+def _feed_kernel(token_ids, token_sources, sampled):
+    row = cuda.grid(1)
+    if row < token_ids.shape[0] and token_sources[row] >= 0:
+        token_ids[row] = sampled[token_sources[row]]
+
+
+def feed_sampled_tokens(token_ids, token_sources, sampled, *, stream=0) -> None:
+    """token_ids[t] = sampled[token_sources[t]] for every t with token_sources[t] >= 0."""
+    (num_tokens,) = check_array("token_ids", token_ids, np.int32, (None,))
+    check_array("token_sources", token_sources, np.int32, (num_tokens,))
+    check_array("sampled", sampled, np.int32, (None,))
+    if num_tokens == 0:
+        return
+    _feed_kernel[-(-num_tokens // MAX_THREADS), MAX_THREADS, stream](token_ids, token_sources, sampled)

@@ -19,6 +19,12 @@ def embedding(token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[np.asarray(token_ids)]
 
 
+def feed_sampled_tokens(token_ids: np.ndarray, token_sources: np.ndarray, sampled: np.ndarray) -> np.ndarray:
+    """token_ids with row t replaced by sampled[token_sources[t]] where that source is >= 0."""
+    fed = np.where(token_sources >= 0, sampled[np.maximum(token_sources, 0)], token_ids)
+    return fed.astype(np.int32)
+
+
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * weight, over the last axis."""
     mean_square = np.mean(x * x, axis=-1, keepdims=True)
