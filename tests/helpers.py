@@ -62,7 +62,7 @@ def next_token_logits(llm, prompt_ids: list[int]) -> np.ndarray:
     """An engine's float32 logits for the token after prompt_ids (its step's one sampled row), in float64."""
     engine = llm.engine
     engine.add_request(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1))
-    engine.step()
-    assert not engine.has_unfinished_requests()
+    while engine.has_unfinished_requests():
+        engine.step()  # one to launch the prefill, one to collect its token
     row = engine.runner.workspace.logits[0]
     return (row.copy_to_host() if hasattr(row, "copy_to_host") else np.array(row)).astype(np.float64)

@@ -92,7 +92,7 @@ class CudaBackend:
 
     def record_event(self):
         """An event marking the stream's work queued so far."""
-        event = cuda.event(timing=False)
+        event = cuda.event()
         event.record(self.stream)
         return event
 
