@@ -71,6 +71,7 @@ def simulate(mode: str, prompt_lens, output_lens, **config) -> Trace:
             states[int(seq.request_id)] = "decode" if position < batch.num_decodes else "prefill"
         trace.states.append(states)
         trace.batch_sizes.append(len(batch.seqs))
+        scheduler.launched(batch)
         scheduler.postprocess(batch, np.zeros(batch.num_samples, dtype=np.int64))
 
 
