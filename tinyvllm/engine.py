@@ -4,9 +4,10 @@
 `has_unfinished_requests()` is False, each step returning the requests that progressed;
 `abort` drops one at any time. `LLM` wraps it for offline batches: `generate` and `chat`.
 
-One step is: the scheduler picks tokens to compute, the runner runs one forward and
-samples, the scheduler records the sampled tokens (finishing on EOS, stop ids, length),
-and the engine detokenizes incrementally and checks stop strings.
+One step is: the scheduler picks tokens to compute, the runner queues one forward and
+sampling on the device, and then, for the step queued by the call before, the scheduler
+records the sampled tokens (finishing on EOS, stop ids, length) and the engine
+detokenizes incrementally and checks stop strings: the engine runs a step ahead.
 """
 
 import itertools
