@@ -15,8 +15,8 @@ to their use, the compiler interleaves the loads with the arithmetic and a threa
 for device memory once per row instead of once per chunk.) That overlap needs two chunks
 a thread at least, so T is the largest power of two that leaves each thread two chunks,
 within [MIN_THREADS, MAX_THREADS] (`threads_for`): at K = 2048, 128 threads stream the
-2048 -> 16384 product at 3.7 TB/s where 256 threads (one chunk each) reach 3.4 (H200, one
-CUDA graph of launches over distinct weights). Rows past N read the last row again
+2048 -> 8192 product at 3.21 TB/s where 256 threads (one chunk each) reach 2.93 (H200,
+`python -m perf.bench_gemm --sweep`). Rows past N read the last row again
 instead of branching, and their sums are not stored.
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
