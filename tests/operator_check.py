@@ -54,6 +54,7 @@ def _widen(array: np.ndarray) -> np.ndarray:
     return from_bf16(array).astype(np.float64) if array.dtype == np.uint16 else array.astype(np.float64)
 
 
+# --8<-- [start:check]
 class OperatorCheck:
     """A stand-in for a CudaBackend: runs each operator on it and on the bf16 NumPy backend."""
 
@@ -88,6 +89,7 @@ class OperatorCheck:
                 self.worst[key] = max(self.worst.get(key, 0.0), error)
 
         return checked
+# --8<-- [end:check]
 
 
 OPERATOR_TOLERANCE = 2e-3
