@@ -94,7 +94,7 @@ class OperatorCheck:
 
 OPERATOR_TOLERANCE = 2e-3
 """A correct kernel differs from the bf16 reference by rare one-ulp roundings (a bf16 ulp
-is 2^-8 of the value, 3.9e-3): on SmolLM2 the H200 measured 4e-4 at most. An error of
+is 2^-8 of the value, 3.9e-3): on SmolLM2 the H200 measured 6.3e-4 at most. An error of
 half an ulp in norm means many elements came out wrong."""
 
 
