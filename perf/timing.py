@@ -13,8 +13,8 @@ honest number, and each timed run deals with both before its start event:
   times the L2's size, which evicts the inputs (the same effect as rotating copies of
   them, for inputs of any size). It reads rather than writes: a written buffer would
   leave the L2 full of dirty lines, and the timed kernel would pay for writing them back
-  to HBM as it evicts them (about one byte written per byte read, which halves the
-  bandwidth a streaming kernel sees).
+  to HBM as it evicts them (on the H200 that cost the memory-bound kernels about a third
+  of their bandwidth, docs/performance.md).
 
 Inputs are `random_bf16` arrays, filled on the GPU: never zeros, whose arithmetic can be
 faster than real data's. `copy_tbps` times the device-to-device copy that every

@@ -54,10 +54,6 @@ class NumpyBackend:
     def pinned_empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
 
-    def device_view(self, device: np.ndarray, offset: int, dtype, shape: tuple[int, ...]) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return device[offset : offset + nbytes].view(dtype).reshape(shape)
-
     def prefix(self, array: np.ndarray, rows: int) -> np.ndarray:
         return array[:rows]
 
@@ -67,8 +63,11 @@ class NumpyBackend:
     def download_async(self, device: np.ndarray, host: np.ndarray, count: int) -> None:
         host[:count] = device[:count]
 
-    def record_event(self) -> None:
+    def new_event(self) -> None:
         """Nothing runs asynchronously on the host: there is nothing to wait for."""
+
+    def record(self, event: None) -> None:
+        """Nothing to mark."""
 
     def wait(self, event: None) -> None:
         """The work before `event` is done already."""

@@ -59,11 +59,6 @@ class CudaBackend:
         """Page-locked host memory: the GPU copies it asynchronously, without a staging copy."""
         return cuda.pinned_array(shape, dtype=dtype)
 
-    def device_view(self, device, offset: int, dtype, shape: tuple[int, ...]):
-        """A typed view of bytes [offset, ...) of a uint8 device array."""
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return device[offset : offset + nbytes].view(dtype).reshape(shape)
-
     # Numba's slicing and copy_to_device run tens of microseconds of Python per call, more
     # than the copy; the three methods below are what a step calls, done the short way.
     def prefix(self, array, rows: int):
@@ -84,17 +79,18 @@ class CudaBackend:
 
     def download_async(self, device, host: np.ndarray, count: int) -> None:
         """Queue a copy of the first `count` elements of a 1-D device array into (pinned)
-        host memory, behind the stream's work; `record_event` then `wait` to read it."""
+        host memory, behind the stream's work; `record` an event, then `wait` on it to read it."""
         if self.simulated:
             host[:count] = device[:count].copy_to_host()
         else:
             device_to_host(host, device, count * device.dtype.itemsize, stream=self.stream)
 
-    def record_event(self):
-        """An event marking the stream's work queued so far."""
-        event = cuda.event()
+    def new_event(self):
+        return cuda.event()
+
+    def record(self, event) -> None:
+        """Mark the stream's work queued so far with `event` (made once, recorded again each time)."""
         event.record(self.stream)
-        return event
 
     def wait(self, event) -> None:
         """Block the host until the work before `event` is done (and no later work)."""

@@ -11,9 +11,9 @@ host in between. Decode-only steps replay a captured CUDA graph when the backend
 capture (`cuda_graphs.py`).
 """
 
-import numpy as np
-
 from dataclasses import dataclass
+
+import numpy as np
 
 from tinyvllm.config import ModelConfig
 from tinyvllm.cuda_graphs import DecodeGraphs, graph_buckets
@@ -95,10 +95,11 @@ class ModelRunner:
             self.graphs.replay(self, step)
         else:
             self.forward_and_sample(self.buffers.upload(step))
-        num_sampled = step.sample_rows.shape[0]
-        host = self.buffers.sampled_host[self.buffers.turn]
+        num_sampled, turn = step.sample_rows.shape[0], self.buffers.turn
+        host, done = self.buffers.sampled_host[turn], self.buffers.sampled_ready[turn]
         self.backend.download_async(self.buffers.sampled, host, num_sampled)
-        return LaunchedStep(host, num_sampled, self.backend.record_event())
+        self.backend.record(done)
+        return LaunchedStep(host, num_sampled, done)
 
     def collect(self, launched: "LaunchedStep") -> np.ndarray:
         """Wait for a launched step; return the sampled token of each sampling sequence."""

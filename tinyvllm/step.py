@@ -121,7 +121,7 @@ class StepBuffers:
     `block_tables` comes last, and only the rows a step uses are copied. There are two
     staging areas, used in turn: the copy of step n may still be queued behind step n-1
     while the host fills in step n+1. The sampled tokens come back the same way, into
-    two pinned areas used in turn.
+    two pinned areas used in turn, each with the event that marks its copy done.
     """
 
     ALIGNMENT = 256
@@ -147,20 +147,20 @@ class StepBuffers:
         offsets, end = {}, 0
         for name, (shape, dtype) in shapes.items():
             offsets[name] = end
-            end += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // self.ALIGNMENT) * self.ALIGNMENT
+            end += -(-_nbytes(shape, dtype) // self.ALIGNMENT) * self.ALIGNMENT
         self.staging = [backend.pinned_empty((end,), np.uint8) for _ in range(2)]
         self.device = backend.empty((end,), np.uint8)
-        self.host_fields = [{} for _ in self.staging]
-        self.device_fields = {}
-        for name, (shape, dtype) in shapes.items():
-            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            start = offsets[name]
-            for staging, fields in zip(self.staging, self.host_fields):
-                fields[name] = staging[start : start + nbytes].view(dtype).reshape(shape)
-            self.device_fields[name] = backend.device_view(self.device, start, dtype, shape)
+        self.host_fields = [
+            {name: _field(staging, offsets[name], dtype, shape) for name, (shape, dtype) in shapes.items()}
+            for staging in self.staging
+        ]
+        self.device_fields = {
+            name: _field(self.device, offsets[name], dtype, shape) for name, (shape, dtype) in shapes.items()
+        }
         self.block_tables_offset = offsets["block_tables"]
         self.sampled = backend.empty((seqs,), np.int32)
         self.sampled_host = [backend.pinned_empty((seqs,), np.int32) for _ in range(2)]
+        self.sampled_ready = [backend.new_event() for _ in range(2)]
         self.turn = 0
 
     def stage(self, step: HostStep) -> None:
@@ -190,3 +190,12 @@ class StepBuffers:
         """`stage`, then `views`."""
         self.stage(step)
         return self.views(step)
+
+
+def _nbytes(shape: tuple[int, ...], dtype) -> int:
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def _field(buffer, offset: int, dtype, shape: tuple[int, ...]):
+    """A typed view of bytes [offset, ...) of a uint8 array (NumPy and Numba slice alike)."""
+    return buffer[offset : offset + _nbytes(shape, dtype)].view(dtype).reshape(shape)
