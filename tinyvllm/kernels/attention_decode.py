@@ -68,6 +68,19 @@ H200_SMS = 132
 """The simulator's stand-in for the multiprocessor count it does not report."""
 
 
+# --8<-- [start:partition]
+@cuda.jit(device=True, inline=True)
+def partition_tokens(context_len, num_partitions, step):
+    """The length of each of num_partitions parts of a context, in whole loop steps.
+
+    Partition p covers [p * length, (p + 1) * length) of the context; the parts past its
+    end are empty, and ceil(context_len / length) of them are not.
+    """
+    steps = (context_len + num_partitions * step - 1) // (num_partitions * step)
+    return steps * step
+# --8<-- [end:partition]
+
+
 @functools.cache
 def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     lanes = head_dim // VECTOR
@@ -97,12 +110,10 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         lane = cuda.threadIdx.x % lanes
         token_group = cuda.threadIdx.x // lanes
         column = lane * VECTOR
-        # --8<-- [start:partition]
         context_len = context_lens[seq]
-        partition_steps = (context_len + cuda.gridDim.z * step - 1) // (cuda.gridDim.z * step)
-        start = partition * partition_steps * step
-        end = min(context_len, start + partition_steps * step)
-        # --8<-- [end:partition]
+        length = partition_tokens(context_len, cuda.gridDim.z, step)
+        start = partition * length
+        end = min(context_len, start + length)
 
         query = cuda.local.array((group, VECTOR), float32)
         acc = cuda.local.array((group, VECTOR), float32)
@@ -202,21 +213,35 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
 
 # --8<-- [start:merge]
 @cuda.jit
-def _merge_partitions_kernel(workspace, num_partitions, out):
+def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
+    """One block per (query head, sequence): the non-empty partitions' states merged."""
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
     head_dim = out.shape[2]
     first = (seq * out.shape[1] + head) * num_partitions
+    context_len = context_lens[seq]
+    length = partition_tokens(context_len, num_partitions, step)
+    filled = (context_len + length - 1) // length
+    # Each partition's max, then its weight exp2(max - overall max), shared by the block:
+    # the loops over partitions below read shared memory, and no empty partition at all.
+    factors = cuda.shared.array(MAX_PARTITIONS, float32)
+    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
+        factors[p] = workspace[first + p, head_dim]
+    cuda.syncthreads()
     overall_max = float32(-math.inf)
-    for p in range(num_partitions):
-        overall_max = max(overall_max, workspace[first + p, head_dim])
+    for p in range(filled):
+        overall_max = max(overall_max, factors[p])
+    cuda.syncthreads()
+    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
+        factors[p] = rescale(factors[p], overall_max)
+    cuda.syncthreads()
+    weight_sum = float32(0.0)
+    for p in range(filled):
+        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
     for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
         total = float32(0.0)
-        weight_sum = float32(0.0)
-        for p in range(num_partitions):
-            factor = rescale(workspace[first + p, head_dim], overall_max)
-            total += workspace[first + p, d] * factor
-            weight_sum += workspace[first + p, head_dim + 1] * factor
+        for p in range(filled):
+            total += workspace[first + p, d] * factors[p]
         out[seq, head, d] = f32_to_bf16(total / weight_sum)
 # --8<-- [end:merge]
 
@@ -229,8 +254,11 @@ def _check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> None:
-    """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split."""
+def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> int:
+    """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split.
+
+    Returns the kernel's loop step (tokens per block per iteration), which cuts partitions.
+    """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     threads = max(DECODE_THREADS, head_dim // VECTOR)
@@ -241,6 +269,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions,
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
     kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, result)
+    return threads // (head_dim // VECTOR) * TOKENS_PER_STEP
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, *, stream=0) -> None:
@@ -274,9 +303,9 @@ def split_decode_attention(
         raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
     if num_seqs == 0:
         return
-    _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
+    step = _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
     threads = min(DECODE_THREADS, head_dim)
-    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, num_partitions, out)
+    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
 
 
 # --8<-- [start:partitions]
