@@ -33,13 +33,13 @@ from numba import config, cuda
 
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.kernels import attention_decode, attention_prefill
-from tinyvllm.kernels.attention_decode import (
+from tinyvllm.kernels.attention_decode import paged_decode_attention
+from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     decode_attention,
     decode_partitions,
     decode_workspace_shape,
     multiprocessor_count,
-    paged_decode_attention,
     split_decode_attention,
 )
 from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape

@@ -8,15 +8,15 @@ from numba import cuda
 
 from tests.attention_batch import paged_batch
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, relative_error, widen
-from tinyvllm.kernels import attention_decode
-from tinyvllm.kernels.attention_decode import (
+from tinyvllm.kernels import attention_decode, attention_split
+from tinyvllm.kernels.attention_decode import paged_decode_attention
+from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     MAX_PARTITIONS,
     MIN_PARTITION_TOKENS,
     decode_attention,
     decode_partitions,
     decode_workspace_shape,
-    paged_decode_attention,
     split_decode_attention,
 )
 from tinyvllm.kernels.bf16 import to_bf16
@@ -101,7 +101,7 @@ def test_decode_attention_matches_reference_whichever_path_it_takes(batch, num_s
     out = poisoned(batch.q.shape)
     with pytest.MonkeyPatch.context() as patch:
         # Simulator contexts are tiny: let them split too.
-        patch.setattr(attention_decode, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
+        patch.setattr(attention_split, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
         decode_attention(*_device(batch), out, poisoned(shape, np.float32))
     assert relative_error(widen(out), batch.expected()) <= BF16_TOLERANCE
 

@@ -12,7 +12,7 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import activation, attention_decode, attention_prefill, embedding, rmsnorm, rope
+from tinyvllm.kernels import activation, attention_prefill, attention_split, embedding, rmsnorm, rope
 from tinyvllm.kernels import sampling
 from tinyvllm.kernels.linear import linear
 
@@ -151,14 +151,14 @@ class CudaBackend:
 
     def decode_scratch(self, max_seqs: int, config):
         """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
-        shape = attention_decode.decode_workspace_shape(
+        shape = attention_split.decode_workspace_shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            attention_decode.multiprocessor_count(),
+            attention_split.multiprocessor_count(),
         )
         return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
-        attention_decode.decode_attention(
+        attention_split.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, out, scratch, stream=self.stream
         )
 

@@ -16,18 +16,11 @@ loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. E
 runs its own online softmax (per head: running max, sum, and its lanes' slice of the
 output); at the end the groups merge through shared memory (`attention_common`).
 
-Split-K (flash-decoding). With few sequences, S * Hkv blocks cannot fill the GPU and each
-streams a long context alone. `split_decode_attention` cuts every context into
-`num_partitions` parts, one block each, which write their unnormalised state (output
-slice, max, sum) to a float32 workspace; `_merge_partitions_kernel` then merges them.
-Each block cuts its sequence's context itself, from the length it finds in
-`context_lens`, into parts of whole loop steps: a 512-token context of a sequence whose
-block table could hold 2048 is spread over all the blocks too, not left to the first
-few, and a captured CUDA graph (whose grid is fixed) still splits every context evenly.
-Blocks past the end of a short context find their part empty and write an empty state.
-`decode_attention` is the one entry the model calls: it picks the number of partitions
-from the batch, the table width and the size of the GPU (`decode_partitions`), and runs
-whichever fits.
+The kernel also runs one *partition* of each context (the grid's z dimension), for
+split-K decoding (`attention_split.py`): block z cuts its sequence's context, from the
+length it finds in `context_lens`, into gridDim.z parts of whole loop steps
+(`partition_tokens`), runs the part it owns, and writes its unnormalised state to a
+float32 workspace instead of the normalised output.
 """
 
 import functools
@@ -47,25 +40,15 @@ from tinyvllm.kernels.attention_common import (
     rescale,
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
-from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 DECODE_THREADS = 128
 TOKENS_PER_STEP = 4
 """Tokens each lane group loads before using them: 64 bytes in flight per lane."""
-BLOCKS_PER_SM = 4
-"""Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""
 REGISTER_FILE = 65536
 """32-bit registers per SM."""
-MIN_PARTITION_TOKENS = 64
-"""Split-K cuts a block table's width into parts no shorter than this (one loop step of a
-block at D = 64), so that a full-length context gives every block a step of work."""
-MAX_PARTITIONS = 64
-"""Partitions are the grid's z dimension, which CUDA caps at 64."""
 WORKSPACE_EXTRA = 2
 """A workspace row is a partition's output slice [0, D), then its max [D] and sum [D + 1]."""
-H200_SMS = 132
-"""The simulator's stand-in for the multiprocessor count it does not report."""
 
 
 # --8<-- [start:partition]
@@ -211,42 +194,9 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     return decode
 
 
-# --8<-- [start:merge]
-@cuda.jit
-def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
-    """One block per (query head, sequence): the non-empty partitions' states merged."""
-    head = cuda.blockIdx.x
-    seq = cuda.blockIdx.y
-    head_dim = out.shape[2]
-    first = (seq * out.shape[1] + head) * num_partitions
-    context_len = context_lens[seq]
-    length = partition_tokens(context_len, num_partitions, step)
-    filled = (context_len + length - 1) // length
-    # Each partition's max, then its weight exp2(max - overall max), shared by the block:
-    # the loops over partitions below read shared memory, and no empty partition at all.
-    factors = cuda.shared.array(MAX_PARTITIONS, float32)
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = workspace[first + p, head_dim]
-    cuda.syncthreads()
-    overall_max = float32(-math.inf)
-    for p in range(filled):
-        overall_max = max(overall_max, factors[p])
-    cuda.syncthreads()
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = rescale(factors[p], overall_max)
-    cuda.syncthreads()
-    weight_sum = float32(0.0)
-    for p in range(filled):
-        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
-    for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        total = float32(0.0)
-        for p in range(filled):
-            total += workspace[first + p, d] * factors[p]
-        out[seq, head, d] = f32_to_bf16(total / weight_sum)
-# --8<-- [end:merge]
 
 
-def _check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[int, int, int, int, int, int]:
+def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[int, int, int, int, int, int]:
     num_seqs, num_heads, num_kv_heads, head_dim, block_size = check_paged_cache(q, k_cache, v_cache, out)
     _, max_blocks = check_sequences(block_tables, context_lens, num_seqs)
     if head_dim // VECTOR > 32 or (head_dim // VECTOR) & (head_dim // VECTOR - 1):
@@ -254,7 +204,7 @@ def _check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> int:
+def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> int:
     """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split.
 
     Returns the kernel's loop step (tokens per block per iteration), which cuts partitions.
@@ -279,83 +229,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out,
     uint16[num_blocks, block_size, Hkv, D]; block_tables: int32[S, max_blocks];
     context_lens: int32[S], each at least 1 and at most max_blocks * block_size.
     """
-    num_seqs, *_, max_blocks = _check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
+    num_seqs = check_decode(q, k_cache, v_cache, block_tables, context_lens, out)[0]
     if num_seqs == 0:
         return
-    _launch(q, k_cache, v_cache, block_tables, context_lens, out, 1, stream)
-
-
-def split_decode_attention(
-    q, k_cache, v_cache, block_tables, context_lens, out, workspace, num_partitions: int, *, stream=0
-) -> None:
-    """Flash-decoding: each context in `num_partitions` parts computed in parallel, then merged.
-
-    workspace: float32[rows, D + 2] with rows >= S * Hq * num_partitions (see
-    `decode_workspace_shape`). Other arguments as in `paged_decode_attention`.
-    """
-    num_seqs, num_heads, *_ = _check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
-    head_dim = q.shape[2]
-    rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
-    if not 1 <= num_partitions <= MAX_PARTITIONS:
-        raise ValueError(f"num_partitions must be 1 to {MAX_PARTITIONS}, got {num_partitions}")
-    if rows < num_seqs * num_heads * num_partitions:
-        needed = num_seqs * num_heads * num_partitions
-        raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
-    if num_seqs == 0:
-        return
-    step = _launch(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
-    threads = min(DECODE_THREADS, head_dim)
-    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
-
-
-# --8<-- [start:partitions]
-def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, max_grid: int) -> int:
-    """How many parts to cut each context into: enough blocks to fill the GPU, none tiny.
-
-    max_grid is the number of decode blocks the GPU holds at once (BLOCKS_PER_SM per SM).
-    S * Hkv blocks that already fill it need no split; fewer get as many parts as keep
-    the grid within it (MAX_PARTITIONS at most), but no more than leave each part of
-    max_context_len (the block table's width) MIN_PARTITION_TOKENS long.
-    """
-    by_occupancy = max_grid // max(1, num_seqs * num_kv_heads)
-    by_length = max_context_len // MIN_PARTITION_TOKENS
-    return max(1, min(by_occupancy, by_length, MAX_PARTITIONS))
-# --8<-- [end:partitions]
-
-
-def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int) -> tuple[int, int]:
-    """The float32 workspace of `decode_attention` on a GPU with num_sms SMs, for any batch.
-
-    Split-K keeps S * Hkv * partitions <= BLOCKS_PER_SM * num_sms, one row per query head.
-    """
-    return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
-
-
-@functools.cache
-def multiprocessor_count() -> int:
-    """The current GPU's SM count (the H200's under the simulator, which reports none)."""
-    if SIMULATOR:
-        return H200_SMS
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:
-    """Decode attention; split-K when the batch alone cannot fill the GPU.
-
-    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`;
-    its row count tells how large a grid the GPU holds. The number of partitions depends
-    only on shapes (S, Hkv, max_blocks * block_size, the workspace), so a captured CUDA
-    graph replays the same choice.
-    """
-    num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks = _check_decode(
-        q, k_cache, v_cache, block_tables, context_lens, out
-    )
-    rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
-    max_grid = rows // (num_heads // num_kv_heads)
-    partitions = decode_partitions(num_seqs, num_kv_heads, max_blocks * block_size, max_grid)
-    if partitions == 1:
-        paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, stream=stream)
-    else:
-        split_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, workspace, partitions, stream=stream
-        )
+    launch_decode(q, k_cache, v_cache, block_tables, context_lens, out, 1, stream)
