@@ -194,9 +194,8 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     return decode
 
 
-
-
 def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[int, int, int, int, int, int]:
+    """Check a decode batch; return (S, Hq, Hkv, D, block_size, max_blocks_per_seq)."""
     num_seqs, num_heads, num_kv_heads, head_dim, block_size = check_paged_cache(q, k_cache, v_cache, out)
     _, max_blocks = check_sequences(block_tables, context_lens, num_seqs)
     if head_dim // VECTOR > 32 or (head_dim // VECTOR) & (head_dim // VECTOR - 1):
