@@ -41,7 +41,7 @@ from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
 OPERATORS = frozenset({
-    "embedding", "gather_rows", "rmsnorm", "linear", "rope_write_kv", "silu_mul",
+    "embedding", "gather_rows", "rmsnorm", "linear", "rope_write_kv", "linear_silu_mul",
     "prefill_attention", "decode_attention", "sample",
 })
 HOLD_US = 100_000
@@ -71,9 +71,9 @@ class TimedBackend:
 
 
 def _label(name: str, args: tuple) -> str:
-    if name == "linear":
+    if name in ("linear", "linear_silu_mul"):
         n, k = args[1].shape
-        return f"linear {k}->{n}"
+        return f"{name} {k}->{n}"
     return name
 
 

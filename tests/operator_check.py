@@ -24,7 +24,7 @@ OUTPUTS = {
     "rmsnorm": ("out", "residual"),
     "linear": ("out",),
     "rope_write_kv": ("q", "k_cache", "v_cache"),
-    "silu_mul": ("out",),
+    "linear_silu_mul": ("out",),
     "prefill_attention": ("out",),
     "decode_attention": ("out",),
 }
@@ -35,7 +35,7 @@ PARAMETERS = {
     "rmsnorm": ("x", "weight", "eps", "out", "residual"),
     "linear": ("x", "weight", "out"),
     "rope_write_kv": ("qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache"),
-    "silu_mul": ("gate_up", "out"),
+    "linear_silu_mul": ("x", "weight", "gate_up", "out"),
     "prefill_attention": ("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens", "out"),
     "decode_attention": ("q", "k_cache", "v_cache", "block_tables", "context_lens", "out", "scratch"),
 }

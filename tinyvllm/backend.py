@@ -117,7 +117,8 @@ class NumpyBackend:
         values = heads[:, num_q_heads + num_kv_heads :]
         reference.write_kv(rotated[:, num_q_heads:], values, k_cache, v_cache, slot_mapping)
 
-    def silu_mul(self, gate_up, out) -> None:
+    def linear_silu_mul(self, x, weight, gate_up, out) -> None:
+        self.linear(x, weight, gate_up)
         self._write(out, reference.silu_mul(self._read(gate_up)))
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:

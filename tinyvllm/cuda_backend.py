@@ -12,9 +12,9 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import activation, attention_prefill, attention_split, embedding, rmsnorm, rope
+from tinyvllm.kernels import attention_prefill, attention_split, embedding, rmsnorm, rope
 from tinyvllm.kernels import sampling
-from tinyvllm.kernels.linear import linear
+from tinyvllm.kernels.linear import linear, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -141,8 +141,8 @@ class CudaBackend:
     def rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
         rope.rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=self.stream)
 
-    def silu_mul(self, gate_up, out) -> None:
-        activation.silu_mul(gate_up, out, stream=self.stream)
+    def linear_silu_mul(self, x, weight, gate_up, out) -> None:
+        linear_silu_mul(x, weight, gate_up, out, backend=self.linear_backend, stream=self.stream)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(
@@ -150,16 +150,18 @@ class CudaBackend:
         )
 
     def decode_scratch(self, max_seqs: int, config):
-        """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
+        """Split-K's float32 partial results and its zeroed int32 counters, sized for the
+        whole GPU (any batch)."""
+        num_sms = attention_split.multiprocessor_count()
         shape = attention_split.decode_workspace_shape(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            attention_split.multiprocessor_count(),
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, num_sms
         )
-        return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
+        return self.empty(shape, np.float32), self.zeros(attention_split.decode_counters_shape(num_sms), np.int32)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
+        workspace, counters = scratch
         attention_split.decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, scratch, stream=self.stream
+            q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, stream=self.stream
         )
 
     def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:

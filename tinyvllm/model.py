@@ -9,7 +9,7 @@ per decoding sequence), then the prefill chunks. For each layer:
     a = attention(q, cache)                          (paged decode | flash prefill)
     x = a Wo^T
     h = rmsnorm(residual += x)
-    x = (silu(h Wg^T) * h Wu^T) Wd^T                 (gate and up as one GEMM)
+    x = (silu(h Wg^T) * h Wu^T) Wd^T                 (gate and up as one GEMM, rows interleaved)
 
 and at the end only the rows that sample are gathered, normed and projected to float32
 logits. All intermediate buffers are allocated once (`Workspace`) for the largest step
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.config import ModelConfig
+from tinyvllm.kernels.reference import interleave_rows
 from tinyvllm.kernels.rope import rope_inv_freq
 
 
@@ -103,7 +104,7 @@ class LlamaModel:
     def _layer(weights: dict[str, np.ndarray], prefix: str, backend) -> LayerWeights:
         attention = prefix + "self_attn."
         qkv = np.concatenate([weights[attention + name + "_proj.weight"] for name in ("q", "k", "v")])
-        gate_up = np.concatenate([weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]])
+        gate_up = interleave_rows(weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"])
         return LayerWeights(
             input_norm=backend.weight(weights[prefix + "input_layernorm.weight"]),
             qkv_proj=backend.weight(qkv),
@@ -153,8 +154,7 @@ class LlamaModel:
                 )
             ops.linear(flat_attn, layer.o_proj, x)
             ops.rmsnorm(x, layer.post_attention_norm, eps, normed, residual=residual)
-            ops.linear(normed, layer.gate_up_proj, gate_up)
-            ops.silu_mul(gate_up, act)
+            ops.linear_silu_mul(normed, layer.gate_up_proj, gate_up, act)
             ops.linear(act, layer.down_proj, x)
 
         sampled_x, sampled_residual = rows(ws.sampled_hidden, num_sampled), rows(ws.sampled_residual, num_sampled)

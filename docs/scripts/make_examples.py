@@ -206,7 +206,7 @@ def rope_bands() -> str:
 
 
 OPERATORS = ("embedding", "rmsnorm", "linear", "rope_write_kv", "decode_attention", "prefill_attention",
-             "silu_mul", "gather_rows", "sample", "upload_bytes")  # fmt: skip
+             "linear_silu_mul", "gather_rows", "sample", "upload_bytes")  # fmt: skip
 
 
 def decode_step_ops(scratch: Path) -> str:

@@ -31,6 +31,14 @@ dearly for every barrier). Thread v then writes sum v.
 M is a compile-time constant (one kernel per M, built on first use), so the accumulators
 stay in registers: M = 8 already takes ~170 registers a thread, which is why MAX_ROWS
 is 8.
+
+SwiGLU in the store (`gemv_silu_mul`). The MLP's gate|up weight interleaves its rows
+(gate row j, then up row j: `activation.py`), so a block's ROWS_PER_BLOCK rows are whole
+(gate, up) pairs, and after the reduction the block holds both factors of each output it
+owns. It stores silu(gate) * up instead of the two sums: the activation's own kernel,
+and the round trip of the 2I-wide product through device memory, drop out of the step.
+The sums are rounded to bf16 first, as the unfused path stores them, so that both paths
+give the same bits.
 """
 
 import functools
@@ -38,7 +46,10 @@ import functools
 import numpy as np
 from numba import cuda, float32, uint32
 
-from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight
+from tinyvllm.kernels.activation import silu_times
+from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight, store_bf16
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 MIN_THREADS = 64
@@ -56,9 +67,12 @@ def read_chunk_whole(array, row, col):
 
 # --8<-- [start:kernel]
 @functools.cache
-def gemv_kernel(m_rows: int, read_chunk, store, threads: int, rows_per_block: int = ROWS_PER_BLOCK):
+def gemv_kernel(
+    m_rows: int, read_chunk, store, threads: int, rows_per_block: int = ROWS_PER_BLOCK, gated: bool = False
+):
     """The kernel for exactly m_rows rows of X, one chunk reader and one output store,
-    for blocks of `threads` threads (a power of two)."""
+    for blocks of `threads` threads (a power of two); `gated` stores silu(gate) * up of
+    each pair of rows (rows_per_block even) instead of both sums."""
     sums = rows_per_block * m_rows
 
     @cuda.jit(device=True, inline=True)
@@ -123,9 +137,18 @@ def gemv_kernel(m_rows: int, read_chunk, store, threads: int, rows_per_block: in
                     partials[v, tid] += partials[v, tid + stride]
             cuda.syncthreads()
             stride //= 2
-        row = n0 + tid // m_rows
-        if tid < sums and row < out.shape[1]:
-            store(out, tid % m_rows, row, partials[tid, 0])
+        if gated:
+            pair = tid // m_rows
+            m = tid % m_rows
+            row = n0 // 2 + pair
+            if tid < sums // 2 and row < out.shape[1]:
+                gate = bf16_to_f32(f32_to_bf16(partials[2 * pair * m_rows + m, 0]))
+                up = bf16_to_f32(f32_to_bf16(partials[(2 * pair + 1) * m_rows + m, 0]))
+                store(out, m, row, silu_times(gate, up))
+        else:
+            row = n0 + tid // m_rows
+            if tid < sums and row < out.shape[1]:
+                store(out, tid % m_rows, row, partials[tid, 0])
 
     return gemv
 # --8<-- [end:kernel]
@@ -146,3 +169,21 @@ def threads_for(k: int) -> int:
     """The block size for rows of length k: two chunks a thread or more (see above)."""
     half_the_chunks = -(-k // VECTOR) // 2
     return min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, half_the_chunks.bit_length() - 1)))
+
+
+def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
+    """out[M, I] = silu(gate) * up of x[M, K] @ weight[2I, K]^T, whose rows interleave gate and up.
+
+    One pass over weight, as `gemv`; out is bf16.
+    """
+    m, k = check_array("x", x, np.uint16, (None, None))
+    if m > MAX_ROWS:
+        raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
+    _, intermediate = check_array("out", out, np.uint16, (m, None))
+    check_array("weight", weight, np.uint16, (2 * intermediate, k))
+    if min(m, intermediate, k) == 0:
+        raise ValueError(f"linear: empty operand (M={m}, I={intermediate}, K={k})")
+    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
+    threads = threads_for(k)
+    kernel = gemv_kernel(m, read_chunk, store_bf16, threads, gated=True)
+    kernel[-(-2 * intermediate // ROWS_PER_BLOCK), threads, stream](x, weight, out)

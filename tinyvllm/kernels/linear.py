@@ -9,12 +9,18 @@
               else "numba"
 
 The product is arithmetic-bound only when x has many rows; for a handful of rows (decode)
-it is bound by reading W, which is what the GEMV kernel is built for.
+it is bound by reading W, which is what the GEMV kernel is built for. `linear_silu_mul`
+is the MLP's gate|up product with SwiGLU's activation after it, fused into the GEMV's
+store where the GEMV runs.
 """
 
+import numpy as np
+
 from tinyvllm.kernels import cublas
+from tinyvllm.kernels.activation import silu_mul
+from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemm import check_linear, gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv
+from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_silu_mul
 
 GEMV_ROWS = MAX_ROWS
 """"numba" uses the GEMV kernel up to this many rows of x (confirm with perf/bench_gemm.py)."""
@@ -30,14 +36,39 @@ BACKENDS = ("auto", "numba", *LAUNCHERS)
 # --8<-- [start:dispatch]
 def linear(x, weight, out, *, backend: str = "auto", stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out)."""
+    m, _, _ = check_linear(x, weight, out)
+    LAUNCHERS[choose_backend(backend, m)](x, weight, out, stream=stream)
+
+
+def choose_backend(backend: str, m: int) -> str:
+    """The kernel that `backend` runs for x of m rows: "cublas", "tiled" or "gemv"."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    m, _, _ = check_linear(x, weight, out)
     if backend == "auto" and cublas.available():
         backend = "gemv" if m <= AUTO_GEMV_ROWS else "cublas"
     elif backend == "auto":
         backend = "numba"
     if backend == "numba":
         backend = "gemv" if m <= GEMV_ROWS else "tiled"
-    LAUNCHERS[backend](x, weight, out, stream=stream)
+    return backend
 # --8<-- [end:dispatch]
+
+
+def linear_silu_mul(x, weight, gate_up, out, *, backend: str = "auto", stream=0) -> None:
+    """out[M, I] = silu(gate) * up of x @ weight^T, weight[2I, K] interleaving gate and up rows.
+
+    The GEMV stores the activation itself (`gemv.gemv_silu_mul`); the other kernels write
+    the product to gate_up[M, 2I] (bf16), and `activation.silu_mul` reads it from there.
+    """
+    m, k = check_array("x", x, np.uint16, (None, None))
+    rows, _ = check_array("weight", weight, np.uint16, (None, k))
+    if rows % 2:
+        raise ValueError(f"weight: {rows} rows, expected (gate, up) pairs")
+    check_array("gate_up", gate_up, np.uint16, (m, rows))
+    check_array("out", out, np.uint16, (m, rows // 2))
+    backend = choose_backend(backend, m)
+    if backend == "gemv":
+        gemv_silu_mul(x, weight, out, stream=stream)
+    else:
+        LAUNCHERS[backend](x, weight, gate_up, stream=stream)
+        silu_mul(gate_up, out, stream=stream)

@@ -54,9 +54,14 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarr
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
-    """SwiGLU's activation: gate_up = [gate | up] on the last axis -> silu(gate) * up."""
-    gate, up = np.split(gate_up, 2, axis=-1)
+    """SwiGLU's activation: gate_up = (gate, up) pairs interleaved on the last axis -> silu(gate) * up."""
+    gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
     return gate / (1 + np.exp(-gate)) * up
+
+
+def interleave_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """[gate row 0, up row 0, gate row 1, ...]: the layout of a layer's gate|up weight."""
+    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
 
 
 def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
