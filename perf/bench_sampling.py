@@ -1,13 +1,14 @@
-"""argmax and sample on the GPU: time per call, and how fast each pass streams the logits.
+"""sample on the GPU: time per call, and how fast each pass streams the logits.
 
     python -m perf.bench_sampling [--repeats 50]
 
 For S = 1, 64, 256 rows and V = 49152 (SmolLM2) and 128256 (Llama 3) tokens this times
-(perf/timing.py: CUDA events, cold L2, median) the greedy argmax and `sample` with every
-row greedy, plain (temperature 0.8), top-k 50, top-p 0.9, and top-k 50 with top-p 0.9.
-Each reads the float32 logits once per pass (1, 1, 1, 4, 5 and 8 passes, from the
-kernel's docstring); the table shows the time and the bandwidth of all those passes
-together, against the 4.25 TB/s copy ceiling.
+(perf/timing.py: CUDA events, cold L2, median) `sample` with every row greedy, plain
+(temperature 0.8, no filter), top-k 50, top-p 0.9, and top-k 50 with top-p 0.9. Greedy
+and plain rows are spread over many blocks (the batch-1 decode step's case: S = 1,
+greedy or plain); the filtered ones run one block per row. Each reads the float32 logits
+once per pass (1, 1, 4, 5 and 8 passes, from the kernel's docstring); the table shows the
+time and the bandwidth of all those passes together, against the 4.25 TB/s copy ceiling.
 
 Two kinds of rows: "flat", standard normal logits (every token carries mass: the most
 work for top-p's histogram), and "peaked", normal logits of scale 2.5 with ten tokens
@@ -23,7 +24,11 @@ import numpy as np
 from numba import config, cuda
 
 from perf.timing import median_ms, result_header
-from tinyvllm.kernels.sampling import argmax, pack_sampling_params, sample
+from tinyvllm.kernels.sampling import (
+    pack_sampling_params,
+    sample,
+    sample_workspace_shape,
+)
 
 COPY_CEILING_TBPS = 4.25
 BAR_US = 300.0
@@ -57,12 +62,13 @@ def cases(rows: int, vocab: int, kind: str):
     """(op, passes, call) for one shape and kind of logits."""
     logits = random_logits(rows, vocab, kind)
     out = cuda.device_array(rows, np.int32)
-    yield "argmax", 1, lambda: argmax(logits, out)
+    shape = sample_workspace_shape(rows, vocab)
+    workspace = cuda.device_array(shape, np.float32), cuda.device_array(shape, np.int32)
     seeds, offsets = rng.integers(0, 2**63, rows, dtype=np.uint64), range(rows)
     for name, (temperature, top_k, top_p, passes) in SAMPLERS.items():
         params = pack_sampling_params([temperature] * rows, [top_k] * rows, [top_p] * rows, seeds, offsets)
         device_params = [cuda.to_device(array) for array in params]
-        yield f"sample_{name}", passes, lambda params=device_params: sample(logits, *params, out)
+        yield f"sample_{name}", passes, lambda params=device_params: sample(logits, *params, out, *workspace)
 
 
 def main() -> None:

@@ -1,9 +1,12 @@
-"""argmax and sample against the NumPy reference.
+"""sample against the NumPy reference.
 
 Greedy is exact (np.argmax). A sampled token is checked three ways: it is the Gumbel-max
 of the reference's kept set, with the noise recomputed on the host (`rng.gumbel_noise`);
 the kernel's frequencies over many seeds and offsets pass a chi-square test against
 `reference.sampling_probs`; and the host noise itself, over many more draws, does too.
+Rows with no filter are reduced over many blocks (parts of ROUND logits, 8 under the
+simulator), so vocabularies of a few dozen tokens already span several parts; such a row
+must draw the very token the one-block path draws.
 """
 
 import math
@@ -17,7 +20,15 @@ from numba import cuda
 from tests.helpers import pick, poisoned
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.rng import GUMBEL_MAX, gumbel_noise
-from tinyvllm.kernels.sampling import MAX_VOCAB, argmax, pack_sampling_params, sample
+from tinyvllm.kernels.sampling import (
+    MAX_PARTS,
+    MAX_VOCAB,
+    ROUND,
+    pack_sampling_params,
+    sample,
+    sample_workspace_shape,
+    split_vocab,
+)
 
 # The top-p histogram adds 64-bit masses as two 32-bit words; the simulator's atomic add
 # warns when a low word wraps, which the kernel detects and carries.
@@ -56,9 +67,15 @@ def _random_params(rng, rows, vocab):
     return pack_sampling_params(temperature, top_k, top_p, seeds, offsets)
 
 
+def _workspace(rows, vocab):
+    """Poisoned, with a row to spare: the engine's workspace is sized for its largest batch."""
+    shape = sample_workspace_shape(rows + 1, vocab)
+    return poisoned(shape, np.float32), poisoned(shape, np.int32)
+
+
 def _run_sample(logits, params):
     out = poisoned((logits.shape[0],), np.int32)
-    sample(cuda.to_device(logits), *(cuda.to_device(array) for array in params), out)
+    sample(cuda.to_device(logits), *(cuda.to_device(array) for array in params), out, *_workspace(*logits.shape))
     return out.copy_to_host()
 
 
@@ -83,45 +100,124 @@ def batches(draw, max_rows, max_vocab):
 
 
 @given(batches(pick(3, 64), pick(40, 131072)))
-def test_argmax_is_numpy_argmax(batch):
-    logits, _ = batch
-    out = poisoned((logits.shape[0],), np.int32)
-    argmax(cuda.to_device(logits), out)
-    np.testing.assert_array_equal(out.copy_to_host(), np.argmax(logits, axis=1))
-
-
-def test_argmax_of_rows_of_minus_infinity_and_of_one_token():
-    logits = np.full((2, 9), -np.inf, np.float32)
-    logits[1, 4:] = 0.0
-    out = poisoned((2,), np.int32)
-    argmax(cuda.to_device(logits), out)
-    np.testing.assert_array_equal(out.copy_to_host(), [0, 4])
-    out = poisoned((1,), np.int32)
-    argmax(cuda.to_device(np.array([[3.0]], np.float32)), out)
-    assert out.copy_to_host()[0] == 0
-
-
-@given(batches(pick(3, 64), pick(40, 131072)))
 def test_temperature_zero_is_argmax(batch):
     logits, params = batch
     params[0][:] = 0.0
     np.testing.assert_array_equal(_run_sample(logits, params), np.argmax(logits, axis=1))
 
 
-@given(batches(pick(4, 8), pick(40, 131072)))
-def test_token_is_the_gumbel_argmax_of_the_kept_set(batch):
-    logits, params = batch
-    tokens = _run_sample(logits, params)
+def _assert_gumbel_argmax_of_the_kept_set(logits, params, tokens):
+    """Greedy rows: np.argmax. Sampled rows: a kept token whose score is the best of the
+    kept set's, up to host/device rounding of the noise."""
     for row, (temperature, top_k, top_p, seed, offset) in enumerate(zip(*params)):
         token = tokens[row]
         if temperature == 0:
-            assert token == np.argmax(logits[row])
+            assert token == np.argmax(logits[row]), f"row {row}: not the argmax"
             continue
         inner, outer = _kept_bounds(logits[row], temperature, top_k, top_p)
         assert 0 <= token < logits.shape[1] and outer[token], f"row {row}: token {token} is filtered out"
         scores = logits[row] * (np.float32(1) / temperature) + gumbel_noise(seed, offset, logits.shape[1])
         best = scores[inner].max()
         assert scores[token] >= best - 1e-5 * (1 + abs(best)), f"row {row}: not the Gumbel-max token"
+
+
+@given(batches(pick(4, 8), pick(40, 131072)))
+def test_token_is_the_gumbel_argmax_of_the_kept_set(batch):
+    logits, params = batch
+    _assert_gumbel_argmax_of_the_kept_set(logits, params, _run_sample(logits, params))
+
+
+def test_greedy_rows_of_minus_infinity_and_of_one_token():
+    logits = np.full((3, 9 * ROUND // 4), -np.inf, np.float32)
+    logits[1, 4:] = 0.0
+    logits[2, 2 * ROUND - 1 :] = 0.0  # the first finite logit is the last of a part
+    params = pack_sampling_params([0.0] * 3, [-1] * 3, [1.0] * 3, [0] * 3, [0] * 3)
+    np.testing.assert_array_equal(_run_sample(logits, params), [0, 4, 2 * ROUND - 1])
+    params = pack_sampling_params([0.0], [-1], [1.0], [0], [0])
+    assert _run_sample(np.array([[3.0]], np.float32), params)[0] == 0
+
+
+@settings(max_examples=200)
+@given(st.integers(1, MAX_VOCAB - 1))
+def test_split_vocab_cuts_whole_rounds_within_max_parts(vocab):
+    num_parts, part_size = split_vocab(vocab)
+    assert 1 <= num_parts <= MAX_PARTS and part_size % ROUND == 0
+    assert (num_parts - 1) * part_size < vocab <= num_parts * part_size
+    assert part_size == ROUND or -(-vocab // (part_size - ROUND)) > MAX_PARTS, "parts longer than needed"
+    assert sample_workspace_shape(5, vocab) == (5, num_parts)
+
+
+def _part_vocabs():
+    """Shorter than a round, a few parts (rarely a multiple of a round), and past MAX_PARTS
+    rounds, where each part holds two rounds."""
+    return st.one_of(
+        st.integers(1, ROUND - 1),
+        st.integers(ROUND, 5 * ROUND),
+        st.integers(MAX_PARTS * ROUND + 1, (MAX_PARTS + 8) * ROUND),
+    )
+
+
+@st.composite
+def greedy_batches(draw):
+    """Rows with the maximum tied across part boundaries, rows of -inf, rows of small integers."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rows = draw(st.integers(1, pick(3, 16)))
+    vocab = draw(_part_vocabs())
+    logits = _logits(rng, rows, vocab, draw(st.booleans()))
+    num_parts, part_size = split_vocab(vocab)
+    for row in range(rows):
+        kind = rng.integers(4)
+        if kind == 0 and num_parts > 1:  # tied across a boundary, and again in a later part
+            boundary = part_size * rng.integers(1, num_parts)
+            tied = [boundary - 1 - rng.integers(min(part_size, 3)), boundary, rng.integers(boundary, vocab)]
+            logits[row, tied] = logits[row].max() + 1
+        elif kind == 1:
+            logits[row] = -np.inf
+        elif kind == 2:
+            logits[row, rng.random(vocab) < 0.7] = -np.inf
+    return logits
+
+
+@given(greedy_batches())
+def test_greedy_over_parts_is_numpy_argmax(logits):
+    rows = logits.shape[0]
+    params = pack_sampling_params([0.0] * rows, [-1] * rows, [1.0] * rows, range(rows), range(rows))
+    np.testing.assert_array_equal(_run_sample(logits, params), np.argmax(logits, axis=1))
+
+
+@given(st.integers(0, 2**32 - 1), _part_vocabs().filter(lambda vocab: vocab >= 2), st.booleans())
+def test_an_unfiltered_row_draws_the_one_block_token(seed, vocab, ties):
+    """With its two lowest logits tied, top_k = V - 1 keeps every token of a row but sends it
+    down the filtered, one-block path: the draw over parts (top_k = -1) must be the same
+    token, bit for bit, at every offset; and the host's Gumbel argmax where it is clear."""
+    rng = np.random.default_rng(seed)
+    row = _logits(rng, 1, vocab, ties)[0]
+    row[rng.choice(vocab, 2, replace=False)] = row.min()
+    draws = pick(3, 16)
+    temperature = np.float32(rng.uniform(0.05, 3.0))
+    offsets = list(range(draws)) * 2
+    params = pack_sampling_params(
+        [temperature] * 2 * draws, [-1] * draws + [vocab - 1] * draws, [1.0] * 2 * draws, [seed] * 2 * draws, offsets
+    )
+    tokens = _run_sample(np.tile(row, (2 * draws, 1)), params)
+    np.testing.assert_array_equal(tokens[:draws], tokens[draws:])
+    for offset, token in enumerate(tokens[:draws]):
+        scores = row * (np.float32(1) / temperature) + gumbel_noise(seed, offset, vocab)
+        assert _clear_winner(scores) in (None, token), f"offset {offset}: not the Gumbel-max token"
+
+
+@given(st.integers(0, 2**32 - 1), _part_vocabs().filter(lambda vocab: vocab >= 2))
+def test_each_row_of_a_mixed_batch_gets_its_own_token(seed, vocab):
+    """Greedy, unfiltered, top-k, top-p and both, shuffled in one batch: each row is right."""
+    rng = np.random.default_rng(seed)
+    kinds = [(0.0, -1, 1.0), (0.8, -1, 1.0), (0.8, vocab + 1, 1.0), (1.3, max(1, vocab // 3), 1.0),
+             (0.8, -1, 0.7), (0.6, max(1, vocab // 2), 0.8)]  # fmt: skip
+    order = rng.permutation(len(kinds))
+    temperature, top_k, top_p = (list(column) for column in zip(*(kinds[i] for i in order)))
+    rows = len(kinds)
+    params = pack_sampling_params(temperature, top_k, top_p, rng.integers(0, 2**63, rows), rng.integers(0, 2**40, rows))
+    logits = _logits(rng, rows, vocab, rng.random() < 0.5)
+    _assert_gumbel_argmax_of_the_kept_set(logits, params, _run_sample(logits, params))
 
 
 @st.composite
@@ -301,10 +397,11 @@ def test_noise_differs_between_seeds_offsets_and_tokens():
     assert len(np.unique(noise)) == noise.size
 
 
-def _valid_inputs(rows=2, vocab=5):
+def _valid_inputs(rows=2, vocab=3 * ROUND):
     logits = np.zeros((rows, vocab), np.float32)
     params = pack_sampling_params([1.0] * rows, [-1] * rows, [1.0] * rows, range(rows), range(rows))
-    return logits, params, np.zeros(rows, np.int32)
+    shape = sample_workspace_shape(rows, vocab)
+    return logits, params, np.zeros(rows, np.int32), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
 
 
 @pytest.mark.parametrize(
@@ -321,24 +418,22 @@ def _valid_inputs(rows=2, vocab=5):
         (lambda a: a.__setitem__(4, a[4].astype(np.int64)), "seeds"),
         (lambda a: a.__setitem__(5, a[5].astype(np.int32)), "offsets"),
         (lambda a: a.__setitem__(6, np.zeros(3, np.int32)), "out"),
+        (lambda a: a.__setitem__(7, a[7].astype(np.float64)), "part_values"),
+        (lambda a: a.__setitem__(7, a[7][:1]), "part_values"),
+        (lambda a: a.__setitem__(7, np.zeros((2, MAX_PARTS + 1), np.float32)), "part_values"),
+        (lambda a: a.__setitem__(7, np.zeros((2, 2 * a[7].shape[1]), np.float32)[:, ::2]), "part_values"),
+        (lambda a: a.__setitem__(7, a[7][0]), "part_values"),
+        (lambda a: a.__setitem__(8, a[8].astype(np.int64)), "part_indices"),
+        (lambda a: a.__setitem__(8, a[8][:1]), "part_indices"),
+        (lambda a: a.__setitem__(8, a[8].astype(np.float32)), "part_indices"),
     ],
 )
 def test_sample_rejects_bad_arguments(change, name):
-    logits, params, out = _valid_inputs()
-    arguments = [logits, *params, out]
+    logits, params, out, part_values, part_indices = _valid_inputs()
+    arguments = [logits, *params, out, part_values, part_indices]
     change(arguments)
     with pytest.raises(ValueError, match=name):
         sample(*arguments)
-
-
-def test_argmax_rejects_bad_arguments():
-    logits, _, out = _valid_inputs()
-    with pytest.raises(ValueError, match="logits"):
-        argmax(logits.astype(np.uint16), out)
-    with pytest.raises(ValueError, match="out"):
-        argmax(logits, out.astype(np.int64))
-    with pytest.raises(ValueError, match="out"):
-        argmax(logits, np.zeros(3, np.int32))
 
 
 def test_pack_sampling_params_types_and_values():

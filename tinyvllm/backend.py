@@ -136,7 +136,10 @@ class NumpyBackend:
         cu_seqlens_q = np.arange(q.shape[0] + 1, dtype=np.int32)
         self.prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out)
 
-    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:
+    def sample_scratch(self, max_rows: int, vocab: int) -> None:
+        """The NumPy sampler needs no per-part scratch."""
+
+    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out, scratch) -> None:
         """Greedy rows take the argmax; the others the Gumbel-max draw over the filtered
         distribution, with the kernel's noise for (seed, position): the same token the GPU
         draws (up to float rounding), and the same again when a sequence is recomputed."""

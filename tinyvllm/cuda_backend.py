@@ -164,5 +164,13 @@ class CudaBackend:
             q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, stream=self.stream
         )
 
-    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out) -> None:
-        sampling.sample(logits, temperature, top_k, top_p, seeds, positions, out, stream=self.stream)
+    def sample_scratch(self, max_rows: int, vocab: int):
+        """The sampler's best value and index of each part of each row, for up to max_rows rows."""
+        shape = sampling.sample_workspace_shape(max_rows, vocab)
+        return self.empty(shape, np.float32), self.empty(shape, np.int32)
+
+    def sample(self, logits, temperature, top_k, top_p, seeds, positions, out, scratch) -> None:
+        part_values, part_indices = scratch
+        sampling.sample(
+            logits, temperature, top_k, top_p, seeds, positions, out, part_values, part_indices, stream=self.stream
+        )

@@ -85,6 +85,7 @@ class Workspace:
         self.sampled_normed = backend.empty((max_sampled, hidden), dtype)
         self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
         self.decode_scratch = backend.decode_scratch(max_tokens, config)
+        self.sample_scratch = backend.sample_scratch(max_sampled, config.vocab_size)
 # --8<-- [end:workspace]
 
 

@@ -118,7 +118,8 @@ class ModelRunner:
         logits = self.model.forward(inputs, self.kv_caches, self.workspace)
         sampled = self.backend.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
         self.backend.sample(
-            logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled
+            logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled,
+            self.workspace.sample_scratch,
         )
     # --8<-- [end:execute]
 

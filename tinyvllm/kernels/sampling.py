@@ -24,9 +24,25 @@ hash of (seed, offset, i) alone: a counter-based generator, so a token depends o
 but its row's logits and parameters, not on the batch around it, and recomputing a token
 after preemption (the engine passes the token's position as its offset) draws it again.
 
-One block per row. Passes over the row: greedy 1, no filters 1, top-k 4, top-p 5 (one to
-find max l), both 8. Logits are finite or -inf (a masked token); a sampled row needs one
-finite logit.
+An argmax splits: the argmax of a row is the argmax of the argmaxes of its parts, with the
+lowest index winning ties at both levels. So is the draw of a row with no filter, whose
+score l_i / T + G_i depends on i alone; and the same scores give the same token however
+the row is cut. The filters do not split: a threshold needs the whole row's histogram.
+
+One block streaming a row loads ROUND = BLOCK * UNROLL logits at a time (`load_chunk`),
+one round after the other: 63 rounds for V = 128256 on the GPU, ~40 us, most of it waiting
+on memory while the rest of the GPU idles; at batch 1 that is 3.5% of a decode step. So
+the rows that need no filter (greedy or unfiltered, `_whole_row_argmax`) are cut into
+parts of whole rounds, at most MAX_PARTS of them (`split_vocab`; V = 128256 is 63 parts
+of one round), and `_part_kernel` runs a block per (row, part), which writes its part's
+best (value, index) to a workspace. `_sample_kernel`, one block per row, then reduces
+such a row's partials, or streams a filtered row whole. Passes over the row: greedy 1,
+no filters 1 (each spread over the parts), top-k 4, top-p 5 (one to find max l), both 8.
+Logits are finite or -inf (a masked token); a sampled row needs one finite logit.
+
+`sample` launches both kernels. The caller allocates the workspace once, of
+`sample_workspace_shape`, so that the launch allocates nothing and can be captured in a
+CUDA graph.
 """
 
 import math
@@ -48,21 +64,48 @@ from tinyvllm.kernels.radix_select import (
 from tinyvllm.kernels.reduce import argmax_better, block_argmax, block_max
 from tinyvllm.kernels.rng import GUMBEL_MAX, SALTS, gumbel, stream_key
 
+ROUND = BLOCK * UNROLL
+"""Logits a block loads at once. Parts are whole rounds, so only the row's end needs padding."""
+MAX_PARTS = 64
+"""Parts per row at most, so the workspace's width is known up front. On the GPU V = 128256
+fits in 63 parts of one round: a block's loads are all in flight at once."""
+
 _NO_INDEX = np.int32(2**31 - 1)
 
 
+def split_vocab(vocab: int) -> tuple[int, int]:
+    """(number of parts, logits per part) of a row of `vocab` logits: parts of as few
+    rounds as keep them within MAX_PARTS; the last part may be shorter."""
+    rounds = -(-vocab // (MAX_PARTS * ROUND))
+    part_size = rounds * ROUND
+    return -(-vocab // part_size), part_size
+
+
+def sample_workspace_shape(max_rows: int, vocab: int) -> tuple[int, int]:
+    """The shape of `sample`'s part_values (float32) and part_indices (int32), for any
+    batch of up to max_rows rows of `vocab` logits."""
+    return max_rows, split_vocab(vocab)[0]
+
+
 @cuda.jit(device=True, inline=True)
-def _row_argmax(logits, row, values, indices):
-    vocab = logits.shape[1]
+def _whole_row_argmax(temperature, top_k, top_p, vocab):
+    """Whether the row's token is an argmax over all of it: greedy, or sampled with no filter."""
+    return temperature <= 0 or (not 0 < top_k < vocab and top_p >= 1)
+
+
+# A candidate is one thread's best (value, index) among the logits it loads; `block_argmax`
+# picks the block's best among its threads' candidates.
+@cuda.jit(device=True, inline=True)
+def _argmax_candidate(logits, row, begin, end):
     chunk = cuda.local.array(UNROLL, float32)
     best_value, best_index = float32(-math.inf), _NO_INDEX
-    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+    for start in range(begin + cuda.threadIdx.x, end, ROUND):
         load_chunk(logits, row, start, chunk)
         for j in range(UNROLL):
             i = start + j * BLOCK
             if argmax_better(chunk[j], i, best_value, best_index):
                 best_value, best_index = chunk[j], int32(i)
-    return block_argmax(best_value, best_index, values, indices)
+    return best_value, best_index
 
 
 @cuda.jit(device=True, inline=True)
@@ -70,7 +113,7 @@ def _row_max(logits, row, values):
     vocab = logits.shape[1]
     chunk = cuda.local.array(UNROLL, float32)
     best = float32(-math.inf)
-    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+    for start in range(cuda.threadIdx.x, vocab, ROUND):
         load_chunk(logits, row, start, chunk)
         for j in range(UNROLL):
             best = max(best, chunk[j])
@@ -79,18 +122,17 @@ def _row_max(logits, row, values):
 
 # --8<-- [start:gumbel-argmax]
 @cuda.jit(device=True, inline=True)
-def _gumbel_argmax(logits, row, floor_key, inv_temperature, seed, offset, values, indices):
-    """The Gumbel-max draw among the tokens whose key is at least floor_key.
+def _gumbel_candidate(logits, row, begin, end, floor_key, inv_temperature, seed, offset):
+    """The Gumbel-max candidate among the tokens of [begin, end) whose key is at least floor_key.
 
     A token whose l_i / T + GUMBEL_MAX is below the best score so far cannot win: it is
     skipped without hashing, which is most tokens of a peaked row.
     """
-    vocab = logits.shape[1]
     key_1 = stream_key(SALTS[0], seed, uint64(offset))
     key_2 = stream_key(SALTS[1], seed, uint64(offset))
     chunk = cuda.local.array(UNROLL, float32)
     best_value, best_index = float32(-math.inf), _NO_INDEX
-    for start in range(cuda.threadIdx.x, vocab, BLOCK * UNROLL):
+    for start in range(begin + cuda.threadIdx.x, end, ROUND):
         load_chunk(logits, row, start, chunk)
         for j in range(UNROLL):
             i = start + j * BLOCK
@@ -99,22 +141,54 @@ def _gumbel_argmax(logits, row, floor_key, inv_temperature, seed, offset, values
                 score = scaled + gumbel(key_1, key_2, i)
                 if argmax_better(score, i, best_value, best_index):
                     best_value, best_index = score, int32(i)
-    return block_argmax(best_value, best_index, values, indices)
+    return best_value, best_index
 # --8<-- [end:gumbel-argmax]
 
 
+# --8<-- [start:part-kernel]
 @cuda.jit
-def _argmax_kernel(logits, out):
+def _part_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_size, part_values, part_indices):
+    """Block (row, part): the best (value, index) of the part, for a whole-row-argmax row.
+
+    Rows are the grid's x dimension, which has no practical limit (y stops at 65535).
+    """
+    row = cuda.blockIdx.x
+    part = cuda.blockIdx.y
+    vocab = logits.shape[1]
+    if not _whole_row_argmax(temperature[row], top_k[row], top_p[row], vocab):
+        return
     values = cuda.shared.array(BLOCK, float32)
     indices = cuda.shared.array(BLOCK, int32)
-    token = _row_argmax(logits, cuda.blockIdx.x, values, indices)
-    if cuda.threadIdx.x == 0:
-        out[cuda.blockIdx.x] = token
+    begin = part * part_size
+    end = min(begin + part_size, vocab)
+    if temperature[row] <= 0:
+        value, index = _argmax_candidate(logits, row, begin, end)
+    else:
+        inv_temperature = float32(1.0) / temperature[row]
+        value, index = _gumbel_candidate(
+            logits, row, begin, end, uint64(0), inv_temperature, seeds[row], offsets[row]
+        )
+    best = block_argmax(value, index, values, indices)
+    # block_argmax tells every thread the winning index only; the winner's own thread stores
+    # its value, which a recomputed score could round differently.
+    if index == best:
+        part_values[row, part] = value
+        part_indices[row, part] = best
+# --8<-- [end:part-kernel]
+
+
+@cuda.jit(device=True, inline=True)
+def _parts_candidate(part_values, part_indices, row):
+    best_value, best_index = float32(-math.inf), _NO_INDEX
+    for part in range(cuda.threadIdx.x, part_values.shape[1], BLOCK):
+        if argmax_better(part_values[row, part], part_indices[row, part], best_value, best_index):
+            best_value, best_index = part_values[row, part], part_indices[row, part]
+    return best_value, best_index
 
 
 # --8<-- [start:sample-kernel]
 @cuda.jit
-def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, out):
+def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, out):
     row = cuda.blockIdx.x
     values = cuda.shared.array(BLOCK, float32)
     indices = cuda.shared.array(BLOCK, int32)
@@ -123,8 +197,8 @@ def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, out):
     scan = cuda.shared.array(BLOCK, uint64)
     choice = cuda.shared.array(2, uint64)
     vocab = logits.shape[1]
-    if temperature[row] <= 0:
-        token = _row_argmax(logits, row, values, indices)
+    if _whole_row_argmax(temperature[row], top_k[row], top_p[row], vocab):
+        value, index = _parts_candidate(part_values, part_indices, row)
     else:
         inv_temperature = float32(1.0) / temperature[row]
         floor_key = uint64(0)
@@ -139,37 +213,29 @@ def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, out):
                 logits, row, floor_key, uint64(1), float64(top_p[row]), True, max_logit, inv_temperature,
                 hist_high, hist_low, scan, choice,
             )
-        token = _gumbel_argmax(
-            logits, row, floor_key, inv_temperature, seeds[row], offsets[row], values, indices
+        value, index = _gumbel_candidate(
+            logits, row, 0, vocab, floor_key, inv_temperature, seeds[row], offsets[row]
         )
+    token = block_argmax(value, index, values, indices)
     if cuda.threadIdx.x == 0:
         out[row] = token
 # --8<-- [end:sample-kernel]
 
 
-def _check_logits(logits) -> int:
-    num_rows, vocab = check_array("logits", logits, np.float32, (None, None))
-    if not 0 < vocab < MAX_VOCAB:
-        raise ValueError(f"logits: vocabulary of {vocab} tokens, expected 1 to {MAX_VOCAB - 1}")
-    return num_rows
-
-
-def argmax(logits, out, *, stream=0) -> None:
-    """out[s] = argmax(logits[s]), the lowest index among ties. logits float32[S, V], out int32[S]."""
-    num_rows = _check_logits(logits)
-    check_array("out", out, np.int32, (num_rows,))
-    if num_rows:
-        _argmax_kernel[num_rows, BLOCK, stream](logits, out)
-
-
-def sample(logits, temperature, top_k, top_p, seeds, offsets, out, *, stream=0) -> None:
+def sample(
+    logits, temperature, top_k, top_p, seeds, offsets, out, part_values, part_indices, *, stream=0
+) -> None:
     """out[s] = a token drawn from row s (module docstring), with row s's own parameters.
 
     logits float32[S, V]; temperature float32[S] (0 = greedy); top_k int32[S] (-1 = all);
     top_p float32[S] in (0, 1]; seeds uint64[S]; offsets int64[S] (the token's position);
     out int32[S]. `pack_sampling_params` builds and checks the parameter arrays on the host.
+    part_values float32 and part_indices int32, the workspace: each of shape
+    `sample_workspace_shape(R, V)` for any R >= S, contents ignored.
     """
-    num_rows = _check_logits(logits)
+    num_rows, vocab = check_array("logits", logits, np.float32, (None, None))
+    if not 0 < vocab < MAX_VOCAB:
+        raise ValueError(f"logits: vocabulary of {vocab} tokens, expected 1 to {MAX_VOCAB - 1}")
     for name, array, dtype in (
         ("temperature", temperature, np.float32),
         ("top_k", top_k, np.int32),
@@ -179,8 +245,18 @@ def sample(logits, temperature, top_k, top_p, seeds, offsets, out, *, stream=0) 
         ("out", out, np.int32),
     ):
         check_array(name, array, dtype, (num_rows,))
+    num_parts, part_size = split_vocab(vocab)
+    for name, array, dtype in (("part_values", part_values, np.float32), ("part_indices", part_indices, np.int32)):
+        workspace_rows, _ = check_array(name, array, dtype, (None, num_parts))
+        if workspace_rows < num_rows:
+            raise ValueError(f"{name}: {workspace_rows} rows, needs at least one per row of logits ({num_rows})")
     if num_rows:
-        _sample_kernel[num_rows, BLOCK, stream](logits, temperature, top_k, top_p, seeds, offsets, out)
+        _part_kernel[(num_rows, num_parts), BLOCK, stream](
+            logits, temperature, top_k, top_p, seeds, offsets, part_size, part_values, part_indices
+        )
+        _sample_kernel[num_rows, BLOCK, stream](
+            logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, out
+        )
 
 
 def pack_sampling_params(
