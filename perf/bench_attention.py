@@ -37,7 +37,6 @@ from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     decode_attention,
-    decode_counters_shape,
     decode_partitions,
     decode_workspace_shape,
     multiprocessor_count,
@@ -108,13 +107,10 @@ def decode_case(cache: Cache, num_seqs: int, context: int, repeats: int) -> dict
     workspace = cuda.device_array((num_seqs * Q_HEADS * partitions, HEAD_DIM + 2), np.float32)
     auto_shape = decode_workspace_shape(Q_HEADS, KV_HEADS, HEAD_DIM, multiprocessor_count())
     auto_workspace = cuda.device_array(auto_shape, np.float32)
-    counters = cuda.to_device(np.zeros(decode_counters_shape(multiprocessor_count()), np.int32))
     plain_out, split_out, auto_out = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM) for _ in range(3))
     plain = median_ms(lambda: paged_decode_attention(*args, plain_out), repeats=repeats)
-    split = median_ms(
-        lambda: split_decode_attention(*args, split_out, workspace, counters, partitions), repeats=repeats
-    )
-    auto = median_ms(lambda: decode_attention(*args, auto_out, auto_workspace, counters), repeats=repeats)
+    split = median_ms(lambda: split_decode_attention(*args, split_out, workspace, partitions), repeats=repeats)
+    auto = median_ms(lambda: decode_attention(*args, auto_out, auto_workspace), repeats=repeats)
     kv_bytes = num_seqs * context * KV_HEADS * HEAD_DIM * 2 * 2
     flops = 4 * num_seqs * context * Q_HEADS * HEAD_DIM
     expected = cache.decode_reference(args[0], tables, context)

@@ -15,7 +15,6 @@ from tinyvllm.kernels.attention_split import (
     MAX_PARTITIONS,
     MIN_PARTITION_TOKENS,
     decode_attention,
-    decode_counters_shape,
     decode_partitions,
     decode_workspace_shape,
     split_decode_attention,
@@ -66,17 +65,11 @@ def _run_plain(batch):
     return widen(out)
 
 
-def _run_split(batch, num_partitions, launches=1):
-    """Split-K decode, launched `launches` times on the same counters (as graph replays do);
-    returns the last output, after checking that every launch left the counters at zero."""
+def _run_split(batch, num_partitions):
     num_seqs, num_heads, head_dim = batch.q.shape
-    num_kv_heads = batch.k_cache.shape[2]
     workspace = poisoned((num_seqs * num_heads * num_partitions, head_dim + 2), np.float32)
-    counters = cuda.to_device(np.zeros(num_seqs * num_kv_heads, np.int32))
-    for _ in range(launches):
-        out = poisoned(batch.q.shape)
-        split_decode_attention(*_device(batch), out, workspace, counters, num_partitions)
-        np.testing.assert_array_equal(counters.copy_to_host(), 0)
+    out = poisoned(batch.q.shape)
+    split_decode_attention(*_device(batch), out, workspace, num_partitions)
     return widen(out)
 
 
@@ -85,9 +78,9 @@ def test_paged_decode_matches_reference(batch):
     assert relative_error(_run_plain(batch), batch.expected()) <= BF16_TOLERANCE
 
 
-@given(decode_batches(), st.integers(1, pick(6, 40)), st.integers(1, 2))
-def test_split_decode_matches_reference_and_plain_decode(batch, num_partitions, launches):
-    split = _run_split(batch, num_partitions, launches)
+@given(decode_batches(), st.integers(1, pick(6, 40)))
+def test_split_decode_matches_reference_and_plain_decode(batch, num_partitions):
+    split = _run_split(batch, num_partitions)
     assert relative_error(split, batch.expected()) <= BF16_TOLERANCE
     assert relative_error(split, _run_plain(batch)) <= BF16_TOLERANCE
 
@@ -109,8 +102,7 @@ def test_decode_attention_matches_reference_whichever_path_it_takes(batch, num_s
     with pytest.MonkeyPatch.context() as patch:
         # Simulator contexts are tiny: let them split too.
         patch.setattr(attention_split, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
-        counters = cuda.to_device(np.zeros(decode_counters_shape(num_sms), np.int32))
-        decode_attention(*_device(batch), out, poisoned(shape, np.float32), counters)
+        decode_attention(*_device(batch), out, poisoned(shape, np.float32))
     assert relative_error(widen(out), batch.expected()) <= BF16_TOLERANCE
 
 
@@ -155,7 +147,6 @@ def _arguments(num_seqs=2, num_heads=4, num_kv_heads=2, head_dim=16):
         "context_lens": cuda.to_device(batch.context_lens),
         "out": poisoned(batch.q.shape),
         "workspace": poisoned((num_seqs * num_heads * 2, head_dim + 2), np.float32),
-        "counters": cuda.to_device(np.zeros(num_seqs * num_kv_heads, np.int32)),
     }
 
 
@@ -186,8 +177,7 @@ def test_bad_arguments_raise_before_launch(name, make):
 
 def test_bad_head_shapes_raise():
     with pytest.raises(ValueError, match="head_dim"):
-        arguments = _arguments(head_dim=24)
-        paged_decode_attention(**{k: v for k, v in arguments.items() if k not in ("workspace", "counters")})
+        paged_decode_attention(**{k: v for k, v in _arguments(head_dim=24).items() if k != "workspace"})
     with pytest.raises(ValueError, match="num_heads"):
         arguments = _arguments()
         arguments["q"] = cuda.to_device(np.zeros((2, 3, 16), np.uint16))
@@ -195,14 +185,10 @@ def test_bad_head_shapes_raise():
         decode_attention(**arguments)
 
 
-def test_split_needs_enough_workspace_rows_counters_and_partitions():
+def test_split_needs_enough_workspace_rows_and_partitions():
     arguments = _arguments()
     with pytest.raises(ValueError, match="workspace"):
         split_decode_attention(**arguments, num_partitions=3)
-    with pytest.raises(ValueError, match="^counters:"):
-        split_decode_attention(**(arguments | {"counters": cuda.to_device(np.zeros(3, np.int32))}), num_partitions=2)
-    with pytest.raises(ValueError, match="^counters:"):
-        split_decode_attention(**(arguments | {"counters": cuda.to_device(np.zeros(4, np.int64))}), num_partitions=2)
     with pytest.raises(ValueError, match="num_partitions"):
         split_decode_attention(**arguments, num_partitions=0)
     with pytest.raises(ValueError, match="num_partitions"):

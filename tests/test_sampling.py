@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from tests.helpers import pick, poisoned
-from tinyvllm.kernels import reference
+from tinyvllm.kernels import reference, sampling
 from tinyvllm.kernels.rng import GUMBEL_MAX, gumbel_noise
 from tinyvllm.kernels.sampling import (
+    MAX_PART_BLOCKS,
     MAX_PARTS,
     MAX_VOCAB,
     ROUND,
@@ -138,13 +139,15 @@ def test_greedy_rows_of_minus_infinity_and_of_one_token():
 
 
 @settings(max_examples=200)
-@given(st.integers(1, MAX_VOCAB - 1))
-def test_split_vocab_cuts_whole_rounds_within_max_parts(vocab):
-    num_parts, part_size = split_vocab(vocab)
-    assert 1 <= num_parts <= MAX_PARTS and part_size % ROUND == 0
+@given(st.integers(1, MAX_VOCAB - 1), st.one_of(st.just(1), st.integers(1, 4096)))
+def test_split_vocab_cuts_whole_rounds_within_max_parts(vocab, rows):
+    num_parts, part_size = split_vocab(vocab, rows)
+    max_parts = max(1, min(MAX_PARTS, MAX_PART_BLOCKS // rows))
+    assert 1 <= num_parts <= max_parts and part_size % ROUND == 0
     assert (num_parts - 1) * part_size < vocab <= num_parts * part_size
-    assert part_size == ROUND or -(-vocab // (part_size - ROUND)) > MAX_PARTS, "parts longer than needed"
-    assert sample_workspace_shape(5, vocab) == (5, num_parts)
+    assert part_size == ROUND or -(-vocab // (part_size - ROUND)) > max_parts, "parts longer than needed"
+    assert sample_workspace_shape(5, vocab)[1] >= num_parts
+    assert sample_workspace_shape(5, vocab) == (5, split_vocab(vocab)[0])
 
 
 def _part_vocabs():
@@ -183,6 +186,17 @@ def test_greedy_over_parts_is_numpy_argmax(logits):
     rows = logits.shape[0]
     params = pack_sampling_params([0.0] * rows, [-1] * rows, [1.0] * rows, range(rows), range(rows))
     np.testing.assert_array_equal(_run_sample(logits, params), np.argmax(logits, axis=1))
+
+
+@given(greedy_batches(), st.integers(1, 6))
+def test_a_large_batch_takes_fewer_longer_parts(logits, max_part_blocks):
+    """The workspace keeps one row's width; a batch cut into fewer parts uses the first columns."""
+    rows = logits.shape[0]
+    params = pack_sampling_params([0.0] * rows, [-1] * rows, [1.0] * rows, range(rows), range(rows))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampling, "MAX_PART_BLOCKS", max_part_blocks)
+        tokens = _run_sample(logits, params)
+    np.testing.assert_array_equal(tokens, np.argmax(logits, axis=1))
 
 
 @given(st.integers(0, 2**32 - 1), _part_vocabs().filter(lambda vocab: vocab >= 2), st.booleans())

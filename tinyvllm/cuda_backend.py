@@ -12,8 +12,7 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import attention_prefill, attention_split, embedding, rmsnorm, rope
-from tinyvllm.kernels import sampling
+from tinyvllm.kernels import attention_prefill, attention_split, embedding, rmsnorm, rope, sampling
 from tinyvllm.kernels.linear import linear, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
@@ -150,18 +149,16 @@ class CudaBackend:
         )
 
     def decode_scratch(self, max_seqs: int, config):
-        """Split-K's float32 partial results and its zeroed int32 counters, sized for the
-        whole GPU (any batch)."""
-        num_sms = attention_split.multiprocessor_count()
+        """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
         shape = attention_split.decode_workspace_shape(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, num_sms
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            attention_split.multiprocessor_count(),
         )
-        return self.empty(shape, np.float32), self.zeros(attention_split.decode_counters_shape(num_sms), np.int32)
+        return self.empty(shape, np.float32)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
-        workspace, counters = scratch
         attention_split.decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, stream=self.stream
+            q, k_cache, v_cache, block_tables, context_lens, out, scratch, stream=self.stream
         )
 
     def sample_scratch(self, max_rows: int, vocab: int):

@@ -30,7 +30,6 @@ import math
 import numpy as np
 from numba import config, cuda, float32
 
-from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.vector_io import check_rows_of_eight
 
@@ -84,39 +83,6 @@ def rescale(old_max, new_max):
         return float32(0.0)
     return math.exp2(old_max - new_max)
 # --8<-- [end:rescale]
-
-
-# --8<-- [start:merge]
-@cuda.jit(device=True, inline=True)
-def merge_partitions(workspace, first, filled, out_row, factors):
-    """out_row (bf16) = the merge of the states in workspace rows [first, first + filled).
-
-    A row is an unnormalised output slice [0, D), its max [D] and its sum [D + 1]. The
-    block's threads work together; `factors` is shared float32 scratch of at least
-    `filled` entries, which holds each row's weight exp2(max - overall max) so that the
-    loops over rows read shared memory.
-    """
-    head_dim = out_row.shape[0]
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = workspace[first + p, head_dim]
-    cuda.syncthreads()
-    overall_max = float32(-math.inf)
-    for p in range(filled):
-        overall_max = max(overall_max, factors[p])
-    cuda.syncthreads()
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = rescale(factors[p], overall_max)
-    cuda.syncthreads()
-    weight_sum = float32(0.0)
-    for p in range(filled):
-        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
-    for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        total = float32(0.0)
-        for p in range(filled):
-            total += workspace[first + p, d] * factors[p]
-        out_row[d] = f32_to_bf16(total / weight_sum)
-    cuda.syncthreads()
-# --8<-- [end:merge]
 
 
 def check_paged_cache(q, k_cache, v_cache, out) -> tuple[int, int, int, int, int]:

@@ -19,14 +19,8 @@ output); at the end the groups merge through shared memory (`attention_common`).
 The kernel also runs one *partition* of each context (the grid's z dimension), for
 split-K decoding (`attention_split.py`): block z cuts its sequence's context, from the
 length it finds in `context_lens`, into gridDim.z parts of whole loop steps
-(`partition_tokens`), runs the part it owns (a part past the end of the context is
-empty: its block returns at once), and writes its unnormalised state to a float32
-workspace. The last of a (sequence, KV head)'s blocks to finish then merges all the
-parts into the normalised output (`merge_partitions`): each block makes its writes
-visible to the whole GPU (`threadfence`) before it takes a ticket from the pair's
-counter, so the block that draws the last ticket finds every other part in memory. It
-sets the counter back to zero for the next launch. One kernel instead of a partition
-kernel and a merge kernel: a batch-1 step launches one kernel fewer per layer.
+(`partition_tokens`), runs the part it owns, and writes its unnormalised state to a
+float32 workspace instead of the normalised output.
 """
 
 import functools
@@ -43,7 +37,6 @@ from tinyvllm.kernels.attention_common import (
     check_sequences,
     group_scratch_shape,
     lane_group_sum,
-    merge_partitions,
     rescale,
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
@@ -56,8 +49,6 @@ REGISTER_FILE = 65536
 """32-bit registers per SM."""
 WORKSPACE_EXTRA = 2
 """A workspace row is a partition's output slice [0, D), then its max [D] and sum [D + 1]."""
-MAX_PARTITIONS = 64
-"""Partitions are the grid's z dimension, which CUDA caps at 64."""
 
 
 # --8<-- [start:partition]
@@ -90,7 +81,6 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
 
     @cuda.jit(**bounds)
     def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
-        """result: out, or (workspace, counters, out) for a split."""
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         partition = cuda.blockIdx.z
@@ -106,8 +96,6 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         context_len = context_lens[seq]
         length = partition_tokens(context_len, cuda.gridDim.z, step)
         start = partition * length
-        if start >= context_len:
-            return
         end = min(context_len, start + length)
 
         query = cuda.local.array((group, VECTOR), float32)
@@ -194,36 +182,14 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
                     total += group_acc[other, d]
                     merged_sum += group_sum[other, g]
                 if split:
-                    workspace = result[0]
                     slot = (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z + partition
-                    workspace[slot, d] = total
+                    result[slot, d] = total
                     if d == 0:
-                        workspace[slot, head_dim] = merged_max
-                        workspace[slot, head_dim + 1] = merged_sum
+                        result[slot, head_dim] = merged_max
+                        result[slot, head_dim + 1] = merged_sum
                 else:
                     result[seq, head, d] = f32_to_bf16(total / merged_sum)
             cuda.syncthreads()
-
-        if split:
-            # --8<-- [start:last-block]
-            workspace, counters, out = result
-            filled = (context_len + length - 1) // length
-            pair = seq * cuda.gridDim.x + kv_head
-            is_last = cuda.shared.array(1, np.int32)
-            cuda.threadfence()
-            cuda.syncthreads()
-            if cuda.threadIdx.x == 0:
-                is_last[0] = cuda.atomic.add(counters, pair, 1) == filled - 1
-            cuda.syncthreads()
-            if is_last[0]:
-                factors = cuda.shared.array(MAX_PARTITIONS, float32)
-                for g in range(group):
-                    head = kv_head * group + g
-                    first = (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z
-                    merge_partitions(workspace, first, filled, out[seq, head], factors)
-                if cuda.threadIdx.x == 0:
-                    counters[pair] = 0
-            # --8<-- [end:last-block]
 
     return decode
 
@@ -237,18 +203,22 @@ def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> None:
-    """result: out (bf16) for the whole context in one block, or (workspace, counters, out)
-    for `partitions` blocks per context (checked by the caller)."""
+def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> int:
+    """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split.
+
+    Returns the kernel's loop step (tokens per block per iteration), which cuts partitions.
+    """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     threads = max(DECODE_THREADS, head_dim // VECTOR)
     group = num_heads // num_kv_heads
-    kernel = _decode_kernel(head_dim, group, threads, TOKENS_PER_STEP, isinstance(result, tuple))
+    split = result.dtype == np.float32
+    kernel = _decode_kernel(head_dim, group, threads, TOKENS_PER_STEP, split)
     grid = (num_kv_heads, num_seqs, partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
     kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, result)
+    return threads // (head_dim // VECTOR) * TOKENS_PER_STEP
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, *, stream=0) -> None:

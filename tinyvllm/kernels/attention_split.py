@@ -1,35 +1,36 @@
-"""Split-K decode (flash-decoding): long contexts over many blocks, merged at the end.
+"""Split-K decode (flash-decoding): long contexts over many blocks, merged afterwards.
 
 With few sequences, S * Hkv decode blocks cannot fill the GPU and each streams a long
 context alone. `split_decode_attention` cuts every context into `num_partitions` parts,
-one block of the decode kernel each (`attention_decode.py`, the grid's z dimension),
-which write their unnormalised state (output slice, max, sum) to a float32 workspace;
-the last block of each (sequence, KV head) to finish merges them with the rule in
-`attention_common`, counting finished blocks in an int32 counter per pair.
+one block of the decode kernel each (`attention_decode.py`, the grid's z dimension), which
+write their unnormalised state (output slice, max, sum) to a float32 workspace;
+`_merge_partitions_kernel` then merges them with the rule in `attention_common`.
 Each block cuts its sequence's context itself, from the length it finds in
 `context_lens`, into parts of whole loop steps: a 512-token context of a sequence whose
 block table could hold 2048 is spread over all the blocks too, not left to the first
 few, and a captured CUDA graph (whose grid is fixed) still splits every context evenly.
-Blocks past the end of a short context find their part empty and return at once; the
-merge counts and reads only the parts that hold tokens.
+Blocks past the end of a short context find their part empty; the merge reads only the
+parts that hold tokens, which it works out from the context length the same way.
 `decode_attention` is the one entry the model calls: it picks the number of partitions
 from the batch, the table width and the size of the GPU (`decode_partitions`), and runs
 whichever fits.
 """
 
 import functools
+import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
-from tinyvllm.kernels.attention_common import SIMULATOR
+from tinyvllm.kernels.attention_common import SIMULATOR, rescale
 from tinyvllm.kernels.attention_decode import (
-    MAX_PARTITIONS,
     WORKSPACE_EXTRA,
     check_decode,
     launch_decode,
     paged_decode_attention,
+    partition_tokens,
 )
+from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 
 BLOCKS_PER_SM = 4
@@ -37,35 +38,70 @@ BLOCKS_PER_SM = 4
 MIN_PARTITION_TOKENS = 64
 """Split-K cuts a block table's width into parts no shorter than this (one loop step of a
 block at D = 64), so that a full-length context gives every block a step of work."""
+MAX_PARTITIONS = 64
+"""Partitions are the grid's z dimension, which CUDA caps at 64."""
 H200_SMS = 132
 """The simulator's stand-in for the multiprocessor count it does not report."""
+MERGE_THREADS = 128
+"""The merge's threads per head: one per output element, up to this many."""
+
+
+# --8<-- [start:merge]
+@cuda.jit
+def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
+    """One block per (query head, sequence): the non-empty partitions' states merged."""
+    head = cuda.blockIdx.x
+    seq = cuda.blockIdx.y
+    head_dim = out.shape[2]
+    first = (seq * out.shape[1] + head) * num_partitions
+    context_len = context_lens[seq]
+    length = partition_tokens(context_len, num_partitions, step)
+    filled = (context_len + length - 1) // length
+    # Each partition's max, then its weight exp2(max - overall max), shared by the block:
+    # the loops over partitions below read shared memory, and no empty partition at all.
+    factors = cuda.shared.array(MAX_PARTITIONS, float32)
+    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
+        factors[p] = workspace[first + p, head_dim]
+    cuda.syncthreads()
+    overall_max = float32(-math.inf)
+    for p in range(filled):
+        overall_max = max(overall_max, factors[p])
+    cuda.syncthreads()
+    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
+        factors[p] = rescale(factors[p], overall_max)
+    cuda.syncthreads()
+    weight_sum = float32(0.0)
+    for p in range(filled):
+        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
+    for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
+        total = float32(0.0)
+        for p in range(filled):
+            total += workspace[first + p, d] * factors[p]
+        out[seq, head, d] = f32_to_bf16(total / weight_sum)
+# --8<-- [end:merge]
 
 
 def split_decode_attention(
-    q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, num_partitions: int, *, stream=0
+    q, k_cache, v_cache, block_tables, context_lens, out, workspace, num_partitions: int, *, stream=0
 ) -> None:
     """Flash-decoding: each context in `num_partitions` parts computed in parallel, then merged.
 
     workspace: float32[rows, D + 2] with rows >= S * Hq * num_partitions (see
-    `decode_workspace_shape`); counters: int32[>= S * Hkv], zero before the first launch
-    (each launch leaves them zero). Other arguments as in `paged_decode_attention`.
+    `decode_workspace_shape`). Other arguments as in `paged_decode_attention`.
     """
-    num_seqs, num_heads, num_kv_heads, head_dim, *_ = check_decode(
-        q, k_cache, v_cache, block_tables, context_lens, out
-    )
+    num_seqs, num_heads, *_ = check_decode(q, k_cache, v_cache, block_tables, context_lens, out)
+    head_dim = q.shape[2]
     rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
-    (num_counters,) = check_array("counters", counters, np.int32, (None,))
     if not 1 <= num_partitions <= MAX_PARTITIONS:
         raise ValueError(f"num_partitions must be 1 to {MAX_PARTITIONS}, got {num_partitions}")
     if rows < num_seqs * num_heads * num_partitions:
         needed = num_seqs * num_heads * num_partitions
         raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
-    if num_counters < num_seqs * num_kv_heads:
-        raise ValueError(f"counters: {num_counters} entries, needs S * Hkv = {num_seqs * num_kv_heads}")
     if num_seqs == 0:
         return
-    result = (workspace, counters, out)
-    launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, num_partitions, stream)
+    step = launch_decode(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
+    threads = min(MERGE_THREADS, head_dim)
+    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
 
 
 # --8<-- [start:partitions]
@@ -91,14 +127,6 @@ def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num
     return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
 
 
-def decode_counters_shape(num_sms: int) -> tuple[int]:
-    """The int32 counters of `decode_attention` (zeroed once) on a GPU with num_sms SMs.
-
-    A split has two partitions or more, so S * Hkv <= BLOCKS_PER_SM * num_sms / 2.
-    """
-    return (BLOCKS_PER_SM * num_sms // 2,)
-
-
 @functools.cache
 def multiprocessor_count() -> int:
     """The current GPU's SM count (the H200's under the simulator, which reports none)."""
@@ -107,14 +135,13 @@ def multiprocessor_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, *, stream=0) -> None:
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:
     """Decode attention; split-K when the batch alone cannot fill the GPU.
 
-    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`,
-    whose row count tells how large a grid the GPU holds; counters: int32 of
-    `decode_counters_shape(multiprocessor_count())`, zero before the first launch. The
-    number of partitions depends only on shapes (S, Hkv, max_blocks * block_size, the
-    workspace), so a captured CUDA graph replays the same choice.
+    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`;
+    its row count tells how large a grid the GPU holds. The number of partitions depends
+    only on shapes (S, Hkv, max_blocks * block_size, the workspace), so a captured CUDA
+    graph replays the same choice.
     """
     num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks = check_decode(
         q, k_cache, v_cache, block_tables, context_lens, out
@@ -126,5 +153,5 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, works
         paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, stream=stream)
     else:
         split_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, workspace, counters, partitions, stream=stream
+            q, k_cache, v_cache, block_tables, context_lens, out, workspace, partitions, stream=stream
         )

@@ -34,7 +34,8 @@ one round after the other: 63 rounds for V = 128256 on the GPU, ~40 us, most of 
 on memory while the rest of the GPU idles; at batch 1 that is 3.5% of a decode step. So
 the rows that need no filter (greedy or unfiltered, `_whole_row_argmax`) are cut into
 parts of whole rounds, at most MAX_PARTS of them (`split_vocab`; V = 128256 is 63 parts
-of one round), and `_part_kernel` runs a block per (row, part), which writes its part's
+of one round) and fewer when the batch is large (MAX_PART_BLOCKS in all), and
+`_part_kernel` runs a block per (row, part), which writes its part's
 best (value, index) to a workspace. `_sample_kernel`, one block per row, then reduces
 such a row's partials, or streams a filtered row whole. Passes over the row: greedy 1,
 no filters 1 (each spread over the parts), top-k 4, top-p 5 (one to find max l), both 8.
@@ -73,17 +74,25 @@ fits in 63 parts of one round: a block's loads are all in flight at once."""
 _NO_INDEX = np.int32(2**31 - 1)
 
 
-def split_vocab(vocab: int) -> tuple[int, int]:
-    """(number of parts, logits per part) of a row of `vocab` logits: parts of as few
-    rounds as keep them within MAX_PARTS; the last part may be shorter."""
-    rounds = -(-vocab // (MAX_PARTS * ROUND))
+MAX_PART_BLOCKS = 1024
+"""Part-kernel blocks at most, over all rows: about as many as the H200's SMs hold at once.
+A large batch gets fewer, longer parts per row, since more blocks would only queue (at
+batch 256, 63 parts a row measured twice the single-block time)."""
+
+
+def split_vocab(vocab: int, num_rows: int = 1) -> tuple[int, int]:
+    """(number of parts, logits per part) of each of num_rows rows of `vocab` logits: parts
+    of as few rounds as keep them within MAX_PARTS a row and MAX_PART_BLOCKS in all; the
+    last part may be shorter."""
+    max_parts = max(1, min(MAX_PARTS, MAX_PART_BLOCKS // num_rows))
+    rounds = -(-vocab // (max_parts * ROUND))
     part_size = rounds * ROUND
     return -(-vocab // part_size), part_size
 
 
 def sample_workspace_shape(max_rows: int, vocab: int) -> tuple[int, int]:
     """The shape of `sample`'s part_values (float32) and part_indices (int32), for any
-    batch of up to max_rows rows of `vocab` logits."""
+    batch of up to max_rows rows of `vocab` logits (one row has the most parts)."""
     return max_rows, split_vocab(vocab)[0]
 
 
@@ -178,9 +187,9 @@ def _part_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_size, p
 
 
 @cuda.jit(device=True, inline=True)
-def _parts_candidate(part_values, part_indices, row):
+def _parts_candidate(part_values, part_indices, row, num_parts):
     best_value, best_index = float32(-math.inf), _NO_INDEX
-    for part in range(cuda.threadIdx.x, part_values.shape[1], BLOCK):
+    for part in range(cuda.threadIdx.x, num_parts, BLOCK):
         if argmax_better(part_values[row, part], part_indices[row, part], best_value, best_index):
             best_value, best_index = part_values[row, part], part_indices[row, part]
     return best_value, best_index
@@ -188,7 +197,7 @@ def _parts_candidate(part_values, part_indices, row):
 
 # --8<-- [start:sample-kernel]
 @cuda.jit
-def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, out):
+def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out):
     row = cuda.blockIdx.x
     values = cuda.shared.array(BLOCK, float32)
     indices = cuda.shared.array(BLOCK, int32)
@@ -198,7 +207,7 @@ def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_value
     choice = cuda.shared.array(2, uint64)
     vocab = logits.shape[1]
     if _whole_row_argmax(temperature[row], top_k[row], top_p[row], vocab):
-        value, index = _parts_candidate(part_values, part_indices, row)
+        value, index = _parts_candidate(part_values, part_indices, row, num_parts)
     else:
         inv_temperature = float32(1.0) / temperature[row]
         floor_key = uint64(0)
@@ -245,17 +254,17 @@ def sample(
         ("out", out, np.int32),
     ):
         check_array(name, array, dtype, (num_rows,))
-    num_parts, part_size = split_vocab(vocab)
     for name, array, dtype in (("part_values", part_values, np.float32), ("part_indices", part_indices, np.int32)):
-        workspace_rows, _ = check_array(name, array, dtype, (None, num_parts))
+        workspace_rows, _ = check_array(name, array, dtype, (None, split_vocab(vocab)[0]))
         if workspace_rows < num_rows:
             raise ValueError(f"{name}: {workspace_rows} rows, needs at least one per row of logits ({num_rows})")
     if num_rows:
+        num_parts, part_size = split_vocab(vocab, num_rows)
         _part_kernel[(num_rows, num_parts), BLOCK, stream](
             logits, temperature, top_k, top_p, seeds, offsets, part_size, part_values, part_indices
         )
         _sample_kernel[num_rows, BLOCK, stream](
-            logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, out
+            logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out
         )
 
 
