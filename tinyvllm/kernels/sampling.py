@@ -35,8 +35,8 @@ on memory while the rest of the GPU idles; at batch 1 that is 3.5% of a decode s
 the rows that need no filter (greedy or unfiltered, `_whole_row_argmax`) are cut into
 parts of whole rounds, at most MAX_PARTS of them (`split_vocab`; V = 128256 is 63 parts
 of one round) and fewer when the batch is large (MAX_PART_BLOCKS in all), and
-`_part_kernel` runs a block per (row, part), which writes its part's
-best (value, index) to a workspace. `_sample_kernel`, one block per row, then reduces
+`_part_kernel` runs a block per (row, part), which writes its part's best (value, index)
+to a workspace. `_sample_kernel`, one block per row, then reduces
 such a row's partials, or streams a filtered row whole. Passes over the row: greedy 1,
 no filters 1 (each spread over the parts), top-k 4, top-p 5 (one to find max l), both 8.
 Logits are finite or -inf (a masked token); a sampled row needs one finite logit.
@@ -70,14 +70,12 @@ ROUND = BLOCK * UNROLL
 MAX_PARTS = 64
 """Parts per row at most, so the workspace's width is known up front. On the GPU V = 128256
 fits in 63 parts of one round: a block's loads are all in flight at once."""
-
-_NO_INDEX = np.int32(2**31 - 1)
-
-
 MAX_PART_BLOCKS = 1024
 """Part-kernel blocks at most, over all rows: about as many as the H200's SMs hold at once.
 A large batch gets fewer, longer parts per row, since more blocks would only queue (at
 batch 256, 63 parts a row measured twice the single-block time)."""
+
+_NO_INDEX = np.int32(2**31 - 1)
 
 
 def split_vocab(vocab: int, num_rows: int = 1) -> tuple[int, int]:
