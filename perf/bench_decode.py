@@ -71,14 +71,15 @@ def main() -> None:
             result["speedup_vs_hf"] = result["decode_tok_per_s"] / result["hf_static_tok_per_s"]
         rows.append(result)
         print(json.dumps(result), flush=True)
+        # Rewritten after every model, so that a run cut short keeps the rows it measured.
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps({**result_header(), "results": rows}, indent=2))
 
     print(f"{'model':<10} {'tok/s':>8} {'ms/tok':>7} {'roofline':>9} {'%roof':>6} {'HF tok/s':>9} {'x HF':>6}")
     for r in rows:
         print(f"{r['model']:<10} {r['decode_tok_per_s']:8.1f} {r['decode_ms_per_token']:7.3f} "
               f"{r['roofline_tok_per_s']:9.1f} {r['percent_of_roofline']:6.1f} "
               f"{r.get('hf_static_tok_per_s', float('nan')):9.1f} {r.get('speedup_vs_hf', float('nan')):6.2f}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({**result_header(), "results": rows}, indent=2))
 
 
 if __name__ == "__main__":
