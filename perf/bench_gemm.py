@@ -17,7 +17,9 @@ A single launch of a 32 MB weight carries a few microseconds of fixed cost (laun
 up, tail) next to ~8 us of reading, so at M = 1 the script also measures what a decode
 step sees: many launches over distinct weights, back to back in one CUDA graph
 (`streamed_tbps`), for the GEMV kernel and for cuBLAS alike. `--sweep` streams the GEMV
-in other block shapes too (threads x rows of W per block) on the two bar layers.
+in other block shapes too (threads x rows of W per block) on every layer but the LM head:
+the small q|k|v and o products, which stream far below the bar, may want other shapes
+than the two bar layers.
 
 Bars on the H200: tiled >= 25 TFLOP/s at 4096^3; GEMV >= 3.4 TB/s at M = 1 on 2048 ->
 8192 and 8192 -> 2048 (cuBLAS 3.34 TB/s), judged on the streamed measurement. Results go
@@ -54,6 +56,7 @@ GEMV_BAR_LAYERS = ("gate|up_proj", "down_proj")
 STREAMED_BYTES = 512 << 20
 GEMV_SWEEP = tuple((threads, rows) for threads in (64, 128, 256) for rows in (2, 4, 8))
 """(threads, rows of W per block) shapes of the M = 1 GEMV that `--sweep` streams."""
+SWEEP_LAYERS = ("qkv_proj", "o_proj", *GEMV_BAR_LAYERS)
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
 
 def problems():
@@ -98,9 +101,9 @@ def gemv_shaped(threads: int, rows: int):
 
 
 def sweep(repeats: int) -> list[dict]:
-    """Streamed TB/s of every GEMV block shape on the gate/up and down layers."""
+    """Streamed TB/s of every GEMV block shape on every layer but the LM head."""
     rows = []
-    for layer in GEMV_BAR_LAYERS:
+    for layer in SWEEP_LAYERS:
         k, n = LAYERS[layer]
         for threads, rows_per_block in GEMV_SWEEP:
             tbps = streamed_tbps(gemv_shaped(threads, rows_per_block), k, n, repeats)
