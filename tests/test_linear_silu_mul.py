@@ -14,7 +14,7 @@ from numba import cuda
 from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
 from tests.test_gemv import LONG_KS
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.activation import silu_mul
+from tinyvllm.kernels.activation import interleave_rows, silu_mul
 from tinyvllm.kernels.bf16 import from_bf16, to_bf16
 from tinyvllm.kernels.gemv import MAX_ROWS, ROWS_PER_BLOCK, gemv, gemv_silu_mul
 from tinyvllm.kernels.linear import linear_silu_mul
@@ -31,7 +31,7 @@ def problems(draw, whole_vectors=False):
     k = draw(st.one_of(st.integers(1, pick(64, 5000)), st.sampled_from(LONG_KS)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     gate, up = random_bf16(rng, (intermediate, k)), random_bf16(rng, (intermediate, k))
-    return random_bf16(rng, (m, k)), reference.interleave_rows(gate, up)
+    return random_bf16(rng, (m, k)), interleave_rows(gate, up)
 
 
 def expected(x, weight) -> np.ndarray:
@@ -67,7 +67,7 @@ def test_linear_silu_mul_matches_reference_on_every_backend(backend):
     rng = np.random.default_rng(3)
     m = 1 if backend == "gemv" else MAX_ROWS + 1
     gate, up = random_bf16(rng, (24, 40)), random_bf16(rng, (24, 40))
-    x, weight = random_bf16(rng, (m, 40)), reference.interleave_rows(gate, up)
+    x, weight = random_bf16(rng, (m, 40)), interleave_rows(gate, up)
     gate_up, out = poisoned((m, 48)), poisoned((m, 24))
     linear_silu_mul(cuda.to_device(x), cuda.to_device(weight), gate_up, out, backend=backend)
     assert relative_error(widen(out), expected(x, weight)) <= BF16_TOLERANCE

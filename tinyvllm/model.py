@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.config import ModelConfig
-from tinyvllm.kernels.reference import interleave_rows
+from tinyvllm.kernels.activation import interleave_rows
 from tinyvllm.kernels.rope import rope_inv_freq
 
 

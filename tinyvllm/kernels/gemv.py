@@ -156,13 +156,19 @@ def gemv_kernel(
 
 def gemv(x, weight, out, *, stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T for M <= MAX_ROWS, one pass over weight."""
-    m, n, _ = check_linear(x, weight, out)
+    check_linear(x, weight, out)
+    _launch(x, weight, out, STORES[np.dtype(out.dtype)], False, stream)
+
+
+def _launch(x, weight, out, store, gated: bool, stream) -> None:
+    """The kernel for x's row count over all of weight's rows (operands already checked)."""
+    m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
     read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
-    threads = threads_for(x.shape[1])
-    kernel = gemv_kernel(m, read_chunk, STORES[np.dtype(out.dtype)], threads)
-    kernel[(n + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK, threads, stream](x, weight, out)
+    threads = threads_for(k)
+    kernel = gemv_kernel(m, read_chunk, store, threads, gated=gated)
+    kernel[-(-weight.shape[0] // ROWS_PER_BLOCK), threads, stream](x, weight, out)
 
 
 def threads_for(k: int) -> int:
@@ -177,13 +183,8 @@ def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
     One pass over weight, as `gemv`; out is bf16.
     """
     m, k = check_array("x", x, np.uint16, (None, None))
-    if m > MAX_ROWS:
-        raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
     _, intermediate = check_array("out", out, np.uint16, (m, None))
     check_array("weight", weight, np.uint16, (2 * intermediate, k))
     if min(m, intermediate, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, I={intermediate}, K={k})")
-    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
-    threads = threads_for(k)
-    kernel = gemv_kernel(m, read_chunk, store_bf16, threads, gated=True)
-    kernel[-(-2 * intermediate // ROWS_PER_BLOCK), threads, stream](x, weight, out)
+    _launch(x, weight, out, store_bf16, True, stream)

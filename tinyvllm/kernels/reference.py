@@ -59,11 +59,6 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return gate / (1 + np.exp(-gate)) * up
 
 
-def interleave_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """[gate row 0, up row 0, gate row 1, ...]: the layout of a layer's gate|up weight."""
-    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
-
-
 def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """y = x @ W^T with W in HF's [out_features, in_features] orientation."""
     return x @ weight.T
