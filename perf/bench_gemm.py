@@ -16,10 +16,10 @@ first rows are checked against cuBLAS's, and the table gives:
 A single launch of a 32 MB weight carries a few microseconds of fixed cost (launch, ramp
 up, tail) next to ~8 us of reading, so at M = 1 the script also measures what a decode
 step sees: many launches over distinct weights, back to back in one CUDA graph
-(`streamed_tbps`), for the GEMV kernel and for cuBLAS alike. `--sweep` streams the GEMV
-in other block shapes too (threads x rows of W per block) on every layer but the LM head:
-the small q|k|v and o products, which stream far below the bar, may want other shapes
-than the two bar layers.
+(`streamed_tbps`), for the GEMV kernel and for cuBLAS alike; the GEMV launches with
+programmatic dependent launch, as in the engine's graphs. `--sweep` streams the GEMV in
+other block shapes too (threads x rows of W per block x chunks a thread loads at once)
+on every layer but the LM head.
 
 Bars on the H200: tiled >= 25 TFLOP/s at 4096^3; GEMV >= 3.4 TB/s at M = 1 on 2048 ->
 8192 and 8192 -> 2048 (cuBLAS 3.34 TB/s), judged on the streamed measurement. Results go
@@ -39,6 +39,7 @@ from tinyvllm.kernels.bf16 import from_bf16
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import STORES, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole
+from tinyvllm.kernels.pdl import programmatic_launches
 
 LAYERS = {
     "qkv_proj": (2048, 3072),
@@ -54,8 +55,10 @@ TILED_BAR_TFLOPS = 25.0
 GEMV_BAR_TBPS = 3.4
 GEMV_BAR_LAYERS = ("gate|up_proj", "down_proj")
 STREAMED_BYTES = 512 << 20
-GEMV_SWEEP = tuple((threads, rows) for threads in (64, 128, 256) for rows in (2, 4, 8))
-"""(threads, rows of W per block) shapes of the M = 1 GEMV that `--sweep` streams."""
+GEMV_SWEEP = tuple(
+    (threads, rows, depth) for threads in (64, 128, 256) for rows in (2, 4, 8) for depth in (1, 2, 4)
+)
+"""(threads, rows of W per block, chunks loaded at once) shapes of the M = 1 GEMV that `--sweep` streams."""
 SWEEP_LAYERS = ("qkv_proj", "o_proj", *GEMV_BAR_LAYERS)
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
 
@@ -69,30 +72,36 @@ def problems():
     yield "square", random_bf16(SQUARE, SQUARE), random_bf16(SQUARE, SQUARE), np.uint16
 
 
-def streamed_tbps(launch, k: int, n: int, repeats: int) -> float:
+def streamed_weights(k: int, n: int) -> list:
+    """Distinct copies of an N x K weight, STREAMED_BYTES in all: several times the L2."""
+    return [random_bf16(n, k) for _ in range(max(2, -(-STREAMED_BYTES // (n * k * 2))))]
+
+
+def streamed_tbps(launch, weights: list, repeats: int) -> float:
     """Weight-streaming TB/s at M = 1 as a decode step sees it: one CUDA graph of launches
-    over distinct copies of the weight (STREAMED_BYTES in all, several times the L2), so
-    no launch finds its weight in the L2 and no Python launch gap sits between them."""
+    over distinct copies of the weight, so no launch finds its weight in the L2 and no
+    Python launch gap sits between them. The Numba kernels launch with PDL, as in the
+    engine's graphs (`kernels/pdl.py`); cuBLAS cannot."""
     import cupy
 
-    copies = max(2, -(-STREAMED_BYTES // (n * k * 2)))
-    weights = [random_bf16(n, k) for _ in range(copies)]
+    n, k = weights[0].shape
     x, out = random_bf16(1, k), cuda.device_array((1, n), dtype=np.uint16)
     cupy_stream = cupy.cuda.Stream(non_blocking=True)
     stream = cuda.external_stream(cupy_stream.ptr)
     launch(x, weights[0], out, stream=stream)
     stream.synchronize()
     cupy_stream.begin_capture()
-    for weight in weights:
-        launch(x, weight, out, stream=stream)
+    with programmatic_launches():
+        for weight in weights:
+            launch(x, weight, out, stream=stream)
     graph = cupy_stream.end_capture()
     milliseconds = median_ms(lambda: graph.launch(stream=cupy_stream), repeats=repeats, stream=stream)
-    return copies * (n * k + k) * 2 / milliseconds / 1e9
+    return len(weights) * (n * k + k) * 2 / milliseconds / 1e9
 
 
-def gemv_shaped(threads: int, rows: int):
+def gemv_shaped(threads: int, rows: int, depth: int):
     """The M = 1 GEMV launched with another block shape (bf16 out), for the sweep."""
-    kernel = gemv_kernel(1, read_chunk_whole, STORES[np.dtype(np.uint16)], threads, rows)
+    kernel = gemv_kernel(1, read_chunk_whole, STORES[np.dtype(np.uint16)], threads, rows, depth)
 
     def launch(x, weight, out, *, stream=0):
         kernel[-(-weight.shape[0] // rows), threads, stream](x, weight, out)
@@ -105,10 +114,16 @@ def sweep(repeats: int) -> list[dict]:
     rows = []
     for layer in SWEEP_LAYERS:
         k, n = LAYERS[layer]
-        for threads, rows_per_block in GEMV_SWEEP:
-            tbps = streamed_tbps(gemv_shaped(threads, rows_per_block), k, n, repeats)
-            rows.append({"layer": layer, "threads": threads, "rows_per_block": rows_per_block, "gemv_tbps": tbps})
-            print(f"sweep gemv {layer:<13} threads {threads:>3} rows/block {rows_per_block}: {tbps:.2f} TB/s")
+        weights = streamed_weights(k, n)
+        for threads, rows_per_block, depth in GEMV_SWEEP:
+            tbps = streamed_tbps(gemv_shaped(threads, rows_per_block, depth), weights, repeats)
+            rows.append(
+                {"layer": layer, "threads": threads, "rows_per_block": rows_per_block, "depth": depth, "gemv_tbps": tbps}
+            )
+            print(
+                f"sweep gemv {layer:<13} threads {threads:>3} rows/block {rows_per_block} depth {depth}: {tbps:.2f} TB/s"
+            )
+        del weights
     return rows
 
 
@@ -169,9 +184,11 @@ def main() -> None:
     for layer, (k, n) in LAYERS.items():
         if layer == "lm_head":
             continue
+        weights = streamed_weights(k, n)
         row = {"layer": layer, "n": n, "k": k,
-               "gemv_tbps": streamed_tbps(gemv, k, n, args.repeats),
-               "cublas_tbps": streamed_tbps(cublas_gemm, k, n, args.repeats)}
+               "gemv_tbps": streamed_tbps(gemv, weights, args.repeats),
+               "cublas_tbps": streamed_tbps(cublas_gemm, weights, args.repeats)}
+        del weights
         streamed.append(row)
         print(f"{layer:<13} {n:>6} {k:>5} {row['gemv_tbps']:>10.2f} {row['cublas_tbps']:>12.2f}")
 

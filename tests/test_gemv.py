@@ -9,8 +9,19 @@ from numba import cuda
 from tests.helpers import pick, poisoned, random_bf16, relative_error
 from tests.test_gemm import FLOAT32_TOLERANCE, OUTPUT_DTYPES, assert_close, expected, run
 from tinyvllm.kernels.gemm import gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, MAX_THREADS, MIN_THREADS, ROWS_PER_BLOCK, gemv, threads_for
+from tinyvllm.kernels.gemv import (
+    CHUNKS_PER_THREAD,
+    MAX_ROWS,
+    MAX_THREADS,
+    MIN_THREADS,
+    WORD_BUDGET,
+    WORDS,
+    block_shape,
+    gemv,
+)
 
+BLOCK_EDGES = [2, 3, 4, 5]
+"""N at the edges of two- and four-row blocks."""
 LONG_KS = [16 * MAX_THREADS, 16 * MAX_THREADS + 8, 16 * MAX_THREADS + 3]
 """Long enough that a thread takes more than one chunk (and a ragged tail)."""
 
@@ -19,7 +30,7 @@ LONG_KS = [16 * MAX_THREADS, 16 * MAX_THREADS + 8, 16 * MAX_THREADS + 3]
 def problems(draw, long_ks=LONG_KS):
     """Few rows of x; N around the rows-per-block edge; K short, long, ragged or whole chunks."""
     m = draw(st.one_of(st.just(1), st.integers(1, MAX_ROWS)))
-    n = draw(st.one_of(st.integers(1, pick(9, 700)), st.sampled_from([ROWS_PER_BLOCK, ROWS_PER_BLOCK + 1])))
+    n = draw(st.one_of(st.integers(1, pick(9, 700)), st.sampled_from(BLOCK_EDGES)))
     k = draw(st.one_of(st.integers(1, pick(64, 5000)), st.sampled_from(long_ks)))
     scale = draw(st.sampled_from([1e-3, 1.0, 50.0]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -47,10 +58,13 @@ def test_gemv_refuses_more_than_max_rows():
         gemv(x, weight, poisoned((MAX_ROWS + 1, 3), np.float32))
 
 
-@given(st.integers(1, 1 << 16))
-def test_gemv_block_leaves_each_thread_two_chunks(k):
-    threads = threads_for(k)
+@given(st.integers(1, 1 << 16), st.integers(1, MAX_ROWS))
+def test_gemv_block_shape_follows_its_rule(k, m):
+    threads, rows_per_block, depth = block_shape(k, m)
     assert threads & (threads - 1) == 0 and MIN_THREADS <= threads <= MAX_THREADS
     chunks = -(-k // 8)
-    assert threads == MIN_THREADS or chunks >= 2 * threads
-    assert threads == MIN_THREADS or threads == MAX_THREADS or chunks < 4 * threads
+    assert threads == MIN_THREADS or chunks >= CHUNKS_PER_THREAD * threads
+    assert threads == MIN_THREADS or threads == MAX_THREADS or chunks < 2 * CHUNKS_PER_THREAD * threads
+    assert rows_per_block in (2, 4)
+    assert 1 <= depth <= -(-chunks // threads)
+    assert depth == 1 or (rows_per_block + m) * WORDS * depth <= WORD_BUDGET

@@ -6,13 +6,14 @@ operators allocate nothing. Under Numba's CUDA simulator the same class runs the
 on the CPU (the engine tests use that).
 """
 
+import contextlib
 import gc
 
 import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import attention_prefill, attention_split, embedding, rmsnorm, rope, sampling
+from tinyvllm.kernels import attention_prefill, attention_split, embedding, pdl, rmsnorm, rope, sampling
 from tinyvllm.kernels.linear import linear, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
@@ -33,6 +34,7 @@ class CudaBackend:
 
             self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
             self.stream = cuda.external_stream(self.cupy_stream.ptr)
+            self._capture_launches = contextlib.ExitStack()
         else:
             self.stream = cuda.stream()
 
@@ -99,9 +101,12 @@ class CudaBackend:
         self.stream.synchronize()
 
     def begin_capture(self) -> None:
+        """Start capturing the stream's work into a graph; its kernels launch with PDL (`kernels/pdl.py`)."""
         self.cupy_stream.begin_capture()
+        self._capture_launches.enter_context(pdl.programmatic_launches())
 
     def end_capture(self):
+        self._capture_launches.close()
         return self.cupy_stream.end_capture()
 
     def launch_graph(self, graph) -> None:

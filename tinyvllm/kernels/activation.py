@@ -20,6 +20,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, store_bf16x8
 
 THREADS = 256
@@ -39,6 +40,8 @@ def silu_times(gate, up):
 # --8<-- [start:kernel]
 @cuda.jit
 def _silu_mul_kernel(gate_up, out):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     vectors_per_row = out.shape[1] // VECTOR
     vector = cuda.grid(1)
     if vector >= out.shape[0] * vectors_per_row:

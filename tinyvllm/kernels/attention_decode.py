@@ -40,6 +40,7 @@ from tinyvllm.kernels.attention_common import (
     rescale,
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 DECODE_THREADS = 128
@@ -81,6 +82,8 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
 
     @cuda.jit(**bounds)
     def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
+        allow_dependent_launch()
+        wait_for_prior_grid()
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         partition = cuda.blockIdx.z

@@ -22,6 +22,7 @@ from numba import cuda, float32
 from tinyvllm.kernels.attention_common import check_heads
 from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.reduce import block_max, block_sum
 
 THREADS = 128
@@ -49,6 +50,8 @@ def _sequence_start(cu_seqlens, token):
 
 @cuda.jit
 def _scores_kernel(q, k, cu_seqlens, scores):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     num_heads, num_tokens, max_seqlen = scores.shape
     index = cuda.grid(1)
     if index >= num_heads * num_tokens * max_seqlen:
@@ -71,6 +74,8 @@ def _scores_kernel(q, k, cu_seqlens, scores):
 # --8<-- [start:softmax]
 @cuda.jit
 def _softmax_kernel(cu_seqlens, scores):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     token = cuda.blockIdx.x
     head = cuda.blockIdx.y
     if token >= cu_seqlens[cu_seqlens.shape[0] - 1]:
@@ -94,6 +99,8 @@ def _softmax_kernel(cu_seqlens, scores):
 
 @cuda.jit
 def _weighted_sum_kernel(v, cu_seqlens, scores, out):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     num_tokens, num_heads, head_dim = out.shape
     index = cuda.grid(1)
     if index >= num_tokens * num_heads * head_dim:

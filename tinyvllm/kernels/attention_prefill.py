@@ -46,6 +46,7 @@ from tinyvllm.kernels.attention_common import (
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.reduce import WARP
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
@@ -130,6 +131,8 @@ def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, 
 
     @cuda.jit
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):
+        allow_dependent_launch()
+        wait_for_prior_grid()
         kv_head = cuda.blockIdx.x
         shift = np.uint32(log2_block_size)
         tile_index = cuda.gridDim.y - 1 - cuda.blockIdx.y

@@ -32,6 +32,7 @@ from tinyvllm.kernels.attention_decode import (
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 
 BLOCKS_PER_SM = 4
 """Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""
@@ -50,6 +51,8 @@ MERGE_THREADS = 128
 @cuda.jit
 def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
     """One block per (query head, sequence): the non-empty partitions' states merged."""
+    allow_dependent_launch()
+    wait_for_prior_grid()
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
     head_dim = out.shape[2]

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda
 
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.reduce import WARP
 from tinyvllm.kernels.vector_io import BF16_NAN_PAIR, VECTOR, check_rows_of_eight, load_words, store_words
 
@@ -34,6 +35,8 @@ MAX_THREADS = 256
 # --8<-- [start:kernel]
 @cuda.jit
 def _embedding_kernel(token_ids, table, out):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     token = cuda.blockIdx.x
     token_id = token_ids[token]
     vocab_size, hidden = table.shape
@@ -70,6 +73,8 @@ def embedding(token_ids, table, out, *, stream=0) -> None:
 
 @cuda.jit
 def _feed_kernel(token_ids, token_sources, sampled):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     row = cuda.grid(1)
     if row < token_ids.shape[0] and token_sources[row] >= 0:
         token_ids[row] = sampled[token_sources[row]]

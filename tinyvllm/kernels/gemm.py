@@ -34,6 +34,7 @@ from numba import config, cuda, float32
 
 from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import ALIGNMENT_BYTES, VECTOR, data_address, high_half, load_words, low_half
 
 BLOCK_M = 128
@@ -145,6 +146,8 @@ def gemm_kernel(read_chunk, store):
 
     @cuda.jit(**_OCCUPANCY)
     def gemm(x, weight, out):
+        allow_dependent_launch()
+        wait_for_prior_grid()
         a_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_M), float32, _SHARED_ALIGNMENT)
         b_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_N), float32, _SHARED_ALIGNMENT)
         acc = cuda.local.array((MICRO, MICRO), float32)

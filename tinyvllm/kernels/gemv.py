@@ -6,39 +6,44 @@ With M this small each weight is used only M times after it is read, so the kern
 at the speed W streams out of device memory: every byte of W is read once, in 16-byte
 loads, with enough of them in flight to cover the ~1 us latency of device memory.
 
-Each block of T threads owns ROWS_PER_BLOCK consecutive rows of W. Thread t takes the
-8-element chunks t, t + T, t + 2T, ... along K. For each chunk it issues
-all of its loads together (`fetch`: one 16-byte load per row of W and per row of X), and
-it fetches the next chunk before doing the arithmetic on the current one, so a thread
-always has ROWS_PER_BLOCK + M loads in flight. (Written as one loop with the loads next
-to their use, the compiler interleaves the loads with the arithmetic and a thread waits
-for device memory once per row instead of once per chunk.) That overlap needs two chunks
-a thread at least, so T is the largest power of two that leaves each thread two chunks,
-within [MIN_THREADS, MAX_THREADS] (`threads_for`): at K = 2048, 128 threads stream the
-2048 -> 8192 product at 3.21 TB/s where 256 threads (one chunk each) reach 2.93 (H200,
-`python -m perf.bench_gemm --sweep`). Rows past N read the last row again
-instead of branching, and their sums are not stored.
+Each block of T threads owns R consecutive rows of W. Thread t takes the 8-element
+chunks t, t + T, t + 2T, ... along K, `depth` of them at a time: it issues every load of
+those chunks (one 16-byte load per row of W and per row of X, `fetch_weight` and
+`fetch_x`) before its first multiply, so it waits for device memory once per `depth`
+chunks, with depth x (R + M) loads in flight. No kernel writes W, so under programmatic
+dependent launch (`pdl.py`) a block issues its first weight loads even before the kernel
+ahead of it, which writes X, has finished; in a decode step's graph the weights of one
+product start streaming while the kernel before it drains. Rows past N read the last row
+again instead of branching, and their sums are not stored.
+
+The block shape (`block_shape`) was measured on the H200 (`python -m perf.bench_gemm
+--sweep`, weights streamed through a graph with PDL): T is the largest power of two that
+leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 2,
+or 4 for rows longer than LONG_ROW; depth is all of a thread's chunks, as far as
+WORD_BUDGET registers hold them. At K = 2048 that is 64 threads x 2 rows x 4 chunks
+(gate|up 3.39 to 3.42 TB/s in three runs); at K = 8192 (the down projection, N = 2048)
+128 x 4 x 4 streams 3.68 to 3.71 TB/s where 128 x 2 x 4 streams 3.34 (twice as many
+blocks, likely more than the GPU holds at once, so a second wave runs part full).
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
 device-memory bandwidth, and no barrier is needed before the loop starts.
 
-Each thread ends with ROWS_PER_BLOCK x M partial dot products. They are summed across the
-block in one shared-memory tree for all of them at once: log2(T) barriers in
-total, where `reduce.block_sum` would take two barriers per sum (and the simulator pays
-dearly for every barrier). Thread v then writes sum v.
+Each thread ends with R x M partial dot products. They are summed across the block in
+one shared-memory tree for all of them at once: log2(T) barriers in total, where
+`reduce.block_sum` would take two barriers per sum (and the simulator pays dearly for
+every barrier). Thread v then writes sum v.
 
 M is a compile-time constant (one kernel per M, built on first use), so the accumulators
-stay in registers: M = 8 already takes ~170 registers a thread, which is why MAX_ROWS
-is 8.
+stay in registers; that is why MAX_ROWS is 8.
 
 SwiGLU in the store (`gemv_silu_mul`). The MLP's gate|up weight interleaves its rows
-(gate row j, then up row j: `activation.py`), so a block's ROWS_PER_BLOCK rows are whole
-(gate, up) pairs, and after the reduction the block holds both factors of each output it
-owns. It stores silu(gate) * up instead of the two sums: the activation's own kernel,
-and the round trip of the 2I-wide product through device memory, drop out of the step.
-The sums are rounded to bf16 first, as the unfused path stores them, so that both paths
-give the same bits.
+(gate row j, then up row j: `activation.py`), so a block's R rows are whole (gate, up)
+pairs, and after the reduction the block holds both factors of each output it owns. It
+stores silu(gate) * up instead of the two sums: the activation's own kernel, and the
+round trip of the 2I-wide product through device memory, drop out of the step. The sums
+are rounded to bf16 first, as the unfused path stores them, so that both paths give the
+same bits.
 """
 
 import functools
@@ -50,13 +55,18 @@ from tinyvllm.kernels.activation import silu_times
 from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight, store_bf16
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 MIN_THREADS = 64
 MAX_THREADS = 256
 WORDS = VECTOR // 2
-ROWS_PER_BLOCK = 4
+CHUNKS_PER_THREAD = 8
+LONG_ROW = 4096
+"""Rows of W longer than this go four to a block, shorter ones two."""
 MAX_ROWS = 8
+WORD_BUDGET = 96
+"""32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
 
 
 @cuda.jit(device=True, inline=True)
@@ -68,34 +78,60 @@ def read_chunk_whole(array, row, col):
 # --8<-- [start:kernel]
 @functools.cache
 def gemv_kernel(
-    m_rows: int, read_chunk, store, threads: int, rows_per_block: int = ROWS_PER_BLOCK, gated: bool = False
+    m_rows: int,
+    read_chunk,
+    store,
+    threads: int,
+    rows_per_block: int,
+    depth: int,
+    gated: bool = False,
 ):
     """The kernel for exactly m_rows rows of X, one chunk reader and one output store,
-    for blocks of `threads` threads (a power of two); `gated` stores silu(gate) * up of
-    each pair of rows (rows_per_block even) instead of both sums."""
+    for blocks of `threads` threads (a power of two) that load `depth` chunks a thread
+    before using any; `gated` stores silu(gate) * up of each pair of rows
+    (rows_per_block even) instead of both sums."""
     sums = rows_per_block * m_rows
 
     @cuda.jit(device=True, inline=True)
-    def fetch(weight, x, n0, col, w_words, x_words):
-        """Issue every load of one chunk step: rows_per_block rows of W, m_rows rows of X."""
+    def fetch_weight(weight, n0, chunk, num_chunks, w_words):
+        """Issue the loads of rows_per_block rows of W for chunk slots 0..depth-1 from `chunk`.
+
+        Slots past the last chunk read the last chunk again and are not added."""
         last_row = weight.shape[0] - 1
-        for r in range(rows_per_block):
-            words = read_chunk(weight, min(n0 + r, last_row), col)
-            for i in range(WORDS):
-                w_words[r, i] = words[i]
+        for d in range(depth):
+            col = min(chunk + d * threads, num_chunks - 1) * VECTOR
+            for r in range(rows_per_block):
+                words = read_chunk(weight, min(n0 + r, last_row), col)
+                for i in range(WORDS):
+                    w_words[d, r, i] = words[i]
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_x(x, chunk, num_chunks, x_words):
+        """The same for the m_rows rows of X."""
+        for d in range(depth):
+            col = min(chunk + d * threads, num_chunks - 1) * VECTOR
+            for m in range(m_rows):
+                words = read_chunk(x, m, col)
+                for i in range(WORDS):
+                    x_words[d, m, i] = words[i]
+
+    @cuda.jit(device=True, inline=True)
+    def accumulate(d, w_words, x_words, acc):
+        """acc[r, m] += W row r . X row m over chunk slot d's eight columns."""
         for m in range(m_rows):
-            words = read_chunk(x, m, col)
-            for i in range(WORDS):
-                x_words[m, i] = words[i]
+            for r in range(rows_per_block):
+                total = acc[r, m]
+                for i in range(WORDS):
+                    total += low_half(w_words[d, r, i]) * low_half(x_words[d, m, i])
+                    total += high_half(w_words[d, r, i]) * high_half(x_words[d, m, i])
+                acc[r, m] = total
 
     @cuda.jit
     def gemv(x, weight, out):
         partials = cuda.shared.array((sums, threads), float32)
         acc = cuda.local.array((rows_per_block, m_rows), float32)
-        w_words = cuda.local.array((rows_per_block, WORDS), uint32)
-        x_words = cuda.local.array((m_rows, WORDS), uint32)
-        w_values = cuda.local.array((rows_per_block, VECTOR), float32)
-        x_values = cuda.local.array((m_rows, VECTOR), float32)
+        w_words = cuda.local.array((depth, rows_per_block, WORDS), uint32)
+        x_words = cuda.local.array((depth, m_rows, WORDS), uint32)
         tid = np.uint32(cuda.threadIdx.x)
         n0 = np.uint32(cuda.blockIdx.x) * rows_per_block
 
@@ -103,28 +139,23 @@ def gemv_kernel(
             for m in range(m_rows):
                 acc[r, m] = float32(0.0)
 
-        num_chunks = (x.shape[1] + VECTOR - 1) // VECTOR
+        num_chunks = np.uint32((x.shape[1] + VECTOR - 1) // VECTOR)
         chunk = tid
+        # A thread's loads all go out before its first multiply, so it waits for device
+        # memory once per `depth` chunks. No kernel writes W: its first loads go out even
+        # before the kernel ahead (which writes X) has finished (`pdl`).
+        allow_dependent_launch()
         if chunk < num_chunks:
-            fetch(weight, x, n0, chunk * VECTOR, w_words, x_words)
+            fetch_weight(weight, n0, chunk, num_chunks, w_words)
+        wait_for_prior_grid()
         while chunk < num_chunks:
-            for r in range(rows_per_block):
-                for i in range(WORDS):
-                    w_values[r, 2 * i] = low_half(w_words[r, i])
-                    w_values[r, 2 * i + 1] = high_half(w_words[r, i])
-            for m in range(m_rows):
-                for i in range(WORDS):
-                    x_values[m, 2 * i] = low_half(x_words[m, i])
-                    x_values[m, 2 * i + 1] = high_half(x_words[m, i])
-            chunk += threads
+            fetch_x(x, chunk, num_chunks, x_words)
+            for d in range(depth):
+                if chunk + d * threads < num_chunks:
+                    accumulate(d, w_words, x_words, acc)
+            chunk += depth * threads
             if chunk < num_chunks:
-                fetch(weight, x, n0, chunk * VECTOR, w_words, x_words)
-            for m in range(m_rows):
-                for r in range(rows_per_block):
-                    total = acc[r, m]
-                    for i in range(VECTOR):
-                        total += w_values[r, i] * x_values[m, i]
-                    acc[r, m] = total
+                fetch_weight(weight, n0, chunk, num_chunks, w_words)
 
         for r in range(rows_per_block):
             for m in range(m_rows):
@@ -166,15 +197,20 @@ def _launch(x, weight, out, store, gated: bool, stream) -> None:
     if m > MAX_ROWS:
         raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
     read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
-    threads = threads_for(k)
-    kernel = gemv_kernel(m, read_chunk, store, threads, gated=gated)
-    kernel[-(-weight.shape[0] // ROWS_PER_BLOCK), threads, stream](x, weight, out)
+    threads, rows_per_block, depth = block_shape(k, m)
+    kernel = gemv_kernel(m, read_chunk, store, threads, rows_per_block, depth, gated)
+    kernel[-(-weight.shape[0] // rows_per_block), threads, stream](x, weight, out)
 
 
-def threads_for(k: int) -> int:
-    """The block size for rows of length k: two chunks a thread or more (see above)."""
-    half_the_chunks = -(-k // VECTOR) // 2
-    return min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, half_the_chunks.bit_length() - 1)))
+def block_shape(k: int, m: int) -> tuple[int, int, int]:
+    """(threads, rows of W per block, chunks a thread loads at once) for rows of length k
+    and m rows of x (see above)."""
+    chunks = -(-k // VECTOR)
+    share = chunks // CHUNKS_PER_THREAD
+    threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
+    rows_per_block = 4 if k > LONG_ROW else 2
+    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS)))
+    return threads, rows_per_block, depth
 
 
 def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
@@ -188,3 +224,4 @@ def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
     if min(m, intermediate, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, I={intermediate}, K={k})")
     _launch(x, weight, out, store_bf16, True, stream)
+

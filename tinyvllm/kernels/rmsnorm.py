@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from tinyvllm.kernels.checks import check_positive
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.reduce import WARP, block_sum
 from tinyvllm.kernels.vector_io import (
     VECTOR,
@@ -41,10 +42,22 @@ MAX_THREADS = 1024
 MAX_HIDDEN = MAX_THREADS * VECTORS_PER_THREAD * VECTOR
 
 
+@cuda.jit(device=True, inline=True)
+def _load_row(row, words):
+    """This thread's chunks of a row into words[k, 0:4] as bf16 pairs (zeros past its end)."""
+    for k in range(VECTORS_PER_THREAD):
+        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
+        if column < row.shape[0]:
+            words[k, 0], words[k, 1], words[k, 2], words[k, 3] = load_words(row, column)
+        else:
+            for j in range(4):
+                words[k, j] = uint32(0)
+
+
 # --8<-- [start:normalize]
 @cuda.jit(device=True, inline=True)
-def _normalize_and_store(words, weight, eps, out_row):
-    """words: this thread's chunks of the row as bf16 pairs (zeros past its end).
+def _normalize_and_store(words, gains, eps, out_row):
+    """words, gains: this thread's chunks of the row and of the weight (`_load_row`).
 
     out_row = row / rms(row) * weight, the sum of squares taken over the whole block.
     """
@@ -59,7 +72,7 @@ def _normalize_and_store(words, weight, eps, out_row):
     for k in range(VECTORS_PER_THREAD):
         column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
         if column < hidden:
-            g0, g1, g2, g3 = load_words(weight, column)
+            g0, g1, g2, g3 = gains[k, 0], gains[k, 1], gains[k, 2], gains[k, 3]
             w0, w1, w2, w3 = words[k, 0], words[k, 1], words[k, 2], words[k, 3]
             normalized = (
                 pack_pair(low_half(w0) * scale * low_half(g0), high_half(w0) * scale * high_half(g0)),
@@ -71,45 +84,42 @@ def _normalize_and_store(words, weight, eps, out_row):
 # --8<-- [end:normalize]
 
 
+# The weight is loaded with the row, before the residual store and the block-wide sum's
+# barriers: the compiler may not move a load past either, and a one-token norm would
+# then wait for memory twice.
 @cuda.jit
 def _rmsnorm_kernel(x, weight, eps, out):
-    row = cuda.blockIdx.x
-    hidden = x.shape[1]
+    allow_dependent_launch()
+    wait_for_prior_grid()
     words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    for k in range(VECTORS_PER_THREAD):
-        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
-        if column < hidden:
-            words[k, 0], words[k, 1], words[k, 2], words[k, 3] = load_words(x[row], column)
-        else:
-            for j in range(4):
-                words[k, j] = uint32(0)
-    _normalize_and_store(words, weight, eps, out[row])
+    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    _load_row(x[cuda.blockIdx.x], words)
+    _load_row(weight, gains)
+    _normalize_and_store(words, gains, eps, out[cuda.blockIdx.x])
 
 
 # --8<-- [start:fused]
 @cuda.jit
 def _add_rmsnorm_kernel(x, residual, weight, eps, out):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     row = cuda.blockIdx.x
     hidden = x.shape[1]
     words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
     addend = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    _load_row(residual[row], words)
+    _load_row(x[row], addend)
+    _load_row(weight, gains)
     for k in range(VECTORS_PER_THREAD):
+        for j in range(4):
+            words[k, j] = pack_pair(
+                low_half(words[k, j]) + low_half(addend[k, j]), high_half(words[k, j]) + high_half(addend[k, j])
+            )
         column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
         if column < hidden:
-            words[k, 0], words[k, 1], words[k, 2], words[k, 3] = load_words(residual[row], column)
-            addend[k, 0], addend[k, 1], addend[k, 2], addend[k, 3] = load_words(x[row], column)
-    for k in range(VECTORS_PER_THREAD):
-        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
-        if column < hidden:
-            for j in range(4):
-                words[k, j] = pack_pair(
-                    low_half(words[k, j]) + low_half(addend[k, j]), high_half(words[k, j]) + high_half(addend[k, j])
-                )
             store_words(residual[row], column, (words[k, 0], words[k, 1], words[k, 2], words[k, 3]))
-        else:
-            for j in range(4):
-                words[k, j] = uint32(0)
-    _normalize_and_store(words, weight, eps, out[row])
+    _normalize_and_store(words, gains, eps, out[row])
 # --8<-- [end:fused]
 
 

@@ -49,6 +49,7 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, load_words, store_bf16x8, store_words
 
 MAX_THREADS = 256
@@ -107,6 +108,8 @@ def _rotate(source, start, destination, first, half, cos, sin):
 
 @cuda.jit
 def _rope_write_kv_kernel(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     token = cuda.blockIdx.x
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape

@@ -53,6 +53,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
 
 from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.radix_select import (
     BLOCK,
     MAX_VOCAB,
@@ -159,6 +160,8 @@ def _part_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_size, p
 
     Rows are the grid's x dimension, which has no practical limit (y stops at 65535).
     """
+    allow_dependent_launch()
+    wait_for_prior_grid()
     row = cuda.blockIdx.x
     part = cuda.blockIdx.y
     vocab = logits.shape[1]
@@ -196,6 +199,8 @@ def _parts_candidate(part_values, part_indices, row, num_parts):
 # --8<-- [start:sample-kernel]
 @cuda.jit
 def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out):
+    allow_dependent_launch()
+    wait_for_prior_grid()
     row = cuda.blockIdx.x
     values = cuda.shared.array(BLOCK, float32)
     indices = cuda.shared.array(BLOCK, int32)
