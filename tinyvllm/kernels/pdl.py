@@ -74,6 +74,7 @@ def supported() -> bool:
     return True
 
 
+# --8<-- [start:launches]
 @contextlib.contextmanager
 def programmatic_launches():
     """Numba kernels launched inside may start while the kernel ahead of them finishes.
@@ -93,3 +94,4 @@ def programmatic_launches():
         yield
     finally:
         dispatcher.LaunchConfig = plain
+# --8<-- [end:launches]
