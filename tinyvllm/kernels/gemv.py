@@ -35,7 +35,8 @@ one shared-memory tree for all of them at once: log2(T) barriers in total, where
 every barrier). Thread v then writes sum v.
 
 M is a compile-time constant (one kernel per M, built on first use), so the accumulators
-stay in registers; that is why MAX_ROWS is 8.
+stay in registers; past M = 8 they and the loaded chunks would no longer fit, which is why
+MAX_ROWS is 8.
 
 SwiGLU in the store (`gemv_silu_mul`). The MLP's gate|up weight interleaves its rows
 (gate row j, then up row j: `activation.py`), so a block's R rows are whole (gate, up)
