@@ -80,10 +80,18 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     resident = max(1, REGISTER_FILE // (threads * registers))
     bounds = {} if SIMULATOR else {"launch_bounds": (threads, resident)}
 
+    @cuda.jit(device=True, inline=True)
+    def locate(table, base, end, token_group, shift, row_mask, row_stride, block_stride, head_offset, offsets):
+        """Where this lane's slice of K and V sits for each token of the loop step at `base`
+        (tokens past `end` read the last one again)."""
+        for u in range(tokens_per_step):
+            token = np.uint32(min(base + u * groups + token_group, end - 1))
+            block = np.uint64(table[token >> shift])
+            offsets[u] = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
+
     @cuda.jit(**bounds)
     def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
         allow_dependent_launch()
-        wait_for_prior_grid()
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         partition = cuda.blockIdx.z
@@ -101,6 +109,16 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         start = partition * length
         end = min(context_len, start + length)
 
+        # The lengths and block tables come from the host, never from a kernel: the first
+        # step's cache offsets are worked out before the wait for the kernel ahead (`pdl`),
+        # and each step looks up the next one's while its own loads are in flight.
+        table = block_tables[seq]
+        head_offset = np.uint64(kv_head * head_dim + column)
+        offsets = cuda.local.array(tokens_per_step, np.uint64)
+        if start < end:
+            locate(table, start, end, token_group, shift, row_mask, row_stride, block_stride, head_offset, offsets)
+        wait_for_prior_grid()
+
         query = cuda.local.array((group, VECTOR), float32)
         acc = cuda.local.array((group, VECTOR), float32)
         running_max = cuda.local.array(group, float32)
@@ -115,8 +133,6 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             running_max[g] = -math.inf
             running_sum[g] = float32(0.0)
 
-        table = block_tables[seq]
-        head_offset = np.uint64(kv_head * head_dim + column)
         k_words = cuda.local.array((tokens_per_step, words), np.uint32)
         v_words = cuda.local.array((tokens_per_step, words), np.uint32)
         scores = cuda.local.array(step_scores, float32)
@@ -125,14 +141,14 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         # --8<-- [start:token-loop]
         for base in range(start, end, step):
             for u in range(tokens_per_step):
-                token = np.uint32(min(base + u * groups + token_group, end - 1))
-                block = np.uint64(table[token >> shift])
-                offset = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
-                k_loaded = load_words(k_flat, offset)
-                v_loaded = load_words(v_flat, offset)
+                k_loaded = load_words(k_flat, offsets[u])
+                v_loaded = load_words(v_flat, offsets[u])
                 for w in range(words):
                     k_words[u, w] = k_loaded[w]
                     v_words[u, w] = v_loaded[w]
+            if base + step < end:
+                locate(table, base + step, end, token_group, shift, row_mask, row_stride, block_stride, head_offset,
+                       offsets)
             for u in range(tokens_per_step):
                 for g in range(group):
                     dot = float32(0.0)
