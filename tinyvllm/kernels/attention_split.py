@@ -45,42 +45,47 @@ H200_SMS = 132
 """The simulator's stand-in for the multiprocessor count it does not report."""
 MERGE_THREADS = 128
 """The merge's threads per head: one per output element, up to this many."""
+MERGE_BATCH = 8
+"""Partitions whose states a merge thread loads at once, before it combines any."""
 
 
 # --8<-- [start:merge]
 @cuda.jit
 def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
-    """One block per (query head, sequence): the non-empty partitions' states merged."""
+    """One block per (query head, sequence), one thread per output element: the non-empty
+    partitions' states merged with the online-softmax rule, MERGE_BATCH partitions' loads
+    issued together (no barrier, no shared memory)."""
     allow_dependent_launch()
-    wait_for_prior_grid()
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
     head_dim = out.shape[2]
     first = (seq * out.shape[1] + head) * num_partitions
+    # The lengths come from the host: read before the wait for the decode blocks (`pdl`).
     context_len = context_lens[seq]
     length = partition_tokens(context_len, num_partitions, step)
     filled = (context_len + length - 1) // length
-    # Each partition's max, then its weight exp2(max - overall max), shared by the block:
-    # the loops over partitions below read shared memory, and no empty partition at all.
-    factors = cuda.shared.array(MAX_PARTITIONS, float32)
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = workspace[first + p, head_dim]
-    cuda.syncthreads()
-    overall_max = float32(-math.inf)
-    for p in range(filled):
-        overall_max = max(overall_max, factors[p])
-    cuda.syncthreads()
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = rescale(factors[p], overall_max)
-    cuda.syncthreads()
-    weight_sum = float32(0.0)
-    for p in range(filled):
-        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
+    wait_for_prior_grid()
+    maxes = cuda.local.array(MERGE_BATCH, float32)
+    sums = cuda.local.array(MERGE_BATCH, float32)
+    values = cuda.local.array(MERGE_BATCH, float32)
     for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
+        running_max = float32(-math.inf)
+        running_sum = float32(0.0)
         total = float32(0.0)
-        for p in range(filled):
-            total += workspace[first + p, d] * factors[p]
-        out[seq, head, d] = f32_to_bf16(total / weight_sum)
+        for batch in range(0, filled, MERGE_BATCH):
+            for i in range(MERGE_BATCH):
+                row = first + min(batch + i, filled - 1)
+                maxes[i] = workspace[row, head_dim]
+                sums[i] = workspace[row, head_dim + 1]
+                values[i] = workspace[row, d]
+            for i in range(MERGE_BATCH):
+                if batch + i < filled:
+                    merged_max = max(running_max, maxes[i])
+                    old, new = rescale(running_max, merged_max), rescale(maxes[i], merged_max)
+                    running_sum = running_sum * old + sums[i] * new
+                    total = total * old + values[i] * new
+                    running_max = merged_max
+        out[seq, head, d] = f32_to_bf16(total / running_sum)
 # --8<-- [end:merge]
 
 
