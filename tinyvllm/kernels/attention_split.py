@@ -16,13 +16,12 @@ from the batch, the table width and the size of the GPU (`decode_partitions`), a
 whichever fits.
 """
 
-import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels.attention_common import SIMULATOR, rescale
+from tinyvllm.kernels.attention_common import rescale
 from tinyvllm.kernels.attention_decode import (
     WORKSPACE_EXTRA,
     check_decode,
@@ -41,8 +40,6 @@ MIN_PARTITION_TOKENS = 64
 block at D = 64), so that a full-length context gives every block a step of work."""
 MAX_PARTITIONS = 64
 """Partitions are the grid's z dimension, which CUDA caps at 64."""
-H200_SMS = 132
-"""The simulator's stand-in for the multiprocessor count it does not report."""
 MERGE_THREADS = 128
 """The merge's threads per head: one per output element, up to this many."""
 MERGE_BATCH = 8
@@ -133,14 +130,6 @@ def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num
     Split-K keeps S * Hkv * partitions <= BLOCKS_PER_SM * num_sms, one row per query head.
     """
     return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
-
-
-@functools.cache
-def multiprocessor_count() -> int:
-    """The current GPU's SM count (the H200's under the simulator, which reports none)."""
-    if SIMULATOR:
-        return H200_SMS
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:
