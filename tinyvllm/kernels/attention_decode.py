@@ -14,7 +14,8 @@ the group adds the partial dots with shuffles (`lane_group_sum`). The block's gr
 consecutive tokens, so a warp reads whole rows of neighbouring tokens, and every group
 loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. Each group
 runs its own online softmax (per head: running max, sum, and its lanes' slice of the
-output); at the end the groups merge through shared memory (`attention_common`).
+output), rescaled once per step to the step's largest score; at the end the groups merge
+through shared memory (`attention_common`), all G heads at once.
 
 The kernel also runs one *partition* of each context (the grid's z dimension), for
 split-K decoding (`attention_split.py`): block z cuts its sequence's context, from the

@@ -6,24 +6,35 @@ With M this small each weight is used only M times after it is read, so the kern
 at the speed W streams out of device memory: every byte of W is read once, in 16-byte
 loads, with enough of them in flight to cover the ~1 us latency of device memory.
 
-Each block of T threads owns R consecutive rows of W. Thread t takes the 8-element
-chunks t, t + T, t + 2T, ... along K, `depth` of them at a time: it issues every load of
-those chunks (one 16-byte load per row of W and per row of X, `fetch_weight` and
-`fetch_x`) before its first multiply, so it waits for device memory once per `depth`
-chunks, with depth x (R + M) loads in flight. No kernel writes W, so under programmatic
-dependent launch (`pdl.py`) a block issues its first weight loads even before the kernel
-ahead of it, which writes X, has finished; in a decode step's graph the weights of one
-product start streaming while the kernel before it drains. Rows past N read the last row
-again instead of branching, and their sums are not stored.
+Each block of T threads owns R consecutive rows of W at a time (a row group). Thread t
+takes the 8-element chunks t, t + T, t + 2T, ... along K, `depth` of them at a time: it
+issues every load of those chunks (one 16-byte load per row of W and per row of X,
+`chunk_fetcher`) before its first multiply, so it waits for device memory once per
+`depth` chunks, with depth x (R + M) loads in flight. No kernel writes W, so under
+programmatic dependent launch (`pdl.py`) a block issues its first weight loads even before
+the kernel ahead of it, which writes X, has finished; in a decode step's graph the weights
+of one product start streaming while the kernel before it drains. Rows past N read the
+last row again instead of branching, and their sums are not stored.
 
-The block shape (`block_shape`) was measured on the H200 (`python -m perf.bench_gemm
+At M = 1 the grid holds at most BLOCKS_PER_SM blocks per SM; past that, block b takes row groups
+b, b + grid, b + 2 grid, ..., and issues the first loads of its next group before it
+reduces the current one, so its loads never stop for the reduction's barriers, and no
+second wave of blocks starts part empty.
+
+The launch shape (`launch_shape`) was measured on the H200 (`python -m perf.bench_gemm
 --sweep`, weights streamed through a graph with PDL): T is the largest power of two that
-leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 2,
-or 4 for rows longer than LONG_ROW; depth is all of a thread's chunks, as far as
-WORD_BUDGET registers hold them. At K = 2048 that is 64 threads x 2 rows x 4 chunks
-(gate|up 3.39 to 3.42 TB/s in three runs); at K = 8192 (the down projection, N = 2048)
-128 x 4 x 4 streams 3.68 to 3.71 TB/s where 128 x 2 x 4 streams 3.34 (twice as many
-blocks, likely more than the GPU holds at once, so a second wave runs part full).
+leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 4 for
+rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth is
+all of a thread's chunks, as far as WORD_BUDGET registers hold them. Past M = 1 the grid
+is one block per row group and wide products keep two rows a block: four rows and the
+capped grid were measured only at M = 1, and four rows with M = 4 x rows leave room in
+the register budget for only three chunks at once (the gate|up product at M = 4 took
+2.6 times as long). On gate|up (K = 2048, N = 8192)
+that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over 2,048 row groups:
+3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the former 64 x 2, 3.33);
+the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the down projection,
+N = 2048) 128 x 4 x 4 streams 3.72, one block per group (512 of them fit at once). The o
+projection (N = 2048) keeps two rows a block: four streamed 2.5 where two stream 2.76.
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
@@ -67,9 +78,9 @@ CHUNKS_PER_THREAD = 8
 LONG_ROW = 4096
 WIDE_OUTPUT = 3072
 """Rows of W longer than LONG_ROW go four to a block, as do those of a product at least
-WIDE_OUTPUT wide; others two."""
+WIDE_OUTPUT wide at M = 1; others two."""
 BLOCKS_PER_SM = 8
-"""The grid's size, per SM, past which blocks loop over row groups."""
+"""At M = 1, the grid's size per SM past which blocks loop over row groups."""
 MAX_ROWS = 8
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
@@ -221,9 +232,11 @@ def launch_shape(k: int, n: int, m: int, num_sms: int) -> tuple[int, int, int, i
     chunks = -(-k // VECTOR)
     share = chunks // CHUNKS_PER_THREAD
     threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
-    rows_per_block = 4 if k > LONG_ROW or n >= WIDE_OUTPUT else 2
+    wide = m == 1 and n >= WIDE_OUTPUT
+    rows_per_block = 4 if k > LONG_ROW or wide else 2
     depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS)))
-    blocks = min(-(-n // rows_per_block), BLOCKS_PER_SM * num_sms)
+    groups = -(-n // rows_per_block)
+    blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
     return threads, rows_per_block, depth, blocks
 
 
