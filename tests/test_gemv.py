@@ -52,7 +52,7 @@ def test_gemv_matches_reference(problem, out_dtype):
 @contextlib.contextmanager
 def small_gpu(num_sms: int):
     """The GEMV at M = 1 launched as on a GPU of num_sms SMs holding one block each: its
-    over the row groups past the grid."""
+    blocks loop over the row groups past the grid."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gemv_module, "multiprocessor_count", lambda: num_sms)
         patch.setattr(gemv_module, "BLOCKS_PER_SM", 1)
