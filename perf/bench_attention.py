@@ -39,12 +39,12 @@ from tinyvllm.kernels.attention_split import (
     decode_attention,
     decode_partitions,
     decode_workspace_shape,
-    multiprocessor_count,
     split_decode_attention,
 )
 from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.bf16 import from_bf16
+from tinyvllm.kernels.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.reference import causal_attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16

@@ -40,6 +40,7 @@ from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import STORES, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole
 from tinyvllm.kernels.pdl import programmatic_launches
+from tinyvllm.kernels.multiprocessors import multiprocessor_count
 
 LAYERS = {
     "qkv_proj": (2048, 3072),
@@ -56,9 +57,12 @@ GEMV_BAR_TBPS = 3.4
 GEMV_BAR_LAYERS = ("gate|up_proj", "down_proj")
 STREAMED_BYTES = 512 << 20
 GEMV_SWEEP = tuple(
-    (threads, rows, depth) for threads in (64, 128, 256) for rows in (2, 4, 8) for depth in (1, 2, 4)
+    (threads, rows, depth, blocks_per_sm)
+    for threads, rows, depth in ((64, 2, 4), (64, 4, 4), (128, 2, 2), (128, 4, 2), (128, 4, 4), (256, 4, 1))
+    for blocks_per_sm in (None, 6, 8, 12)
 )
-"""(threads, rows of W per block, chunks loaded at once) shapes of the M = 1 GEMV that `--sweep` streams."""
+"""(threads, rows of W per block, chunks loaded at once, blocks per SM or None for one block
+per row group) shapes of the M = 1 GEMV that `--sweep` streams."""
 SWEEP_LAYERS = ("qkv_proj", "o_proj", *GEMV_BAR_LAYERS)
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
 
@@ -99,12 +103,14 @@ def streamed_tbps(launch, weights: list, repeats: int) -> float:
     return len(weights) * (n * k + k) * 2 / milliseconds / 1e9
 
 
-def gemv_shaped(threads: int, rows: int, depth: int):
-    """The M = 1 GEMV launched with another block shape (bf16 out), for the sweep."""
+def gemv_shaped(threads: int, rows: int, depth: int, blocks_per_sm: int | None):
+    """The M = 1 GEMV launched with another block shape and grid (bf16 out), for the sweep."""
     kernel = gemv_kernel(1, read_chunk_whole, STORES[np.dtype(np.uint16)], threads, rows, depth)
 
     def launch(x, weight, out, *, stream=0):
-        kernel[-(-weight.shape[0] // rows), threads, stream](x, weight, out)
+        groups = -(-weight.shape[0] // rows)
+        blocks = groups if blocks_per_sm is None else min(groups, blocks_per_sm * multiprocessor_count())
+        kernel[blocks, threads, stream](x, weight, out)
 
     return launch
 
@@ -115,13 +121,15 @@ def sweep(repeats: int) -> list[dict]:
     for layer in SWEEP_LAYERS:
         k, n = LAYERS[layer]
         weights = streamed_weights(k, n)
-        for threads, rows_per_block, depth in GEMV_SWEEP:
-            tbps = streamed_tbps(gemv_shaped(threads, rows_per_block, depth), weights, repeats)
-            rows.append(
-                {"layer": layer, "threads": threads, "rows_per_block": rows_per_block, "depth": depth, "gemv_tbps": tbps}
-            )
+        for threads, rows_per_block, depth, blocks_per_sm in GEMV_SWEEP:
+            tbps = streamed_tbps(gemv_shaped(threads, rows_per_block, depth, blocks_per_sm), weights, repeats)
+            rows.append({
+                "layer": layer, "threads": threads, "rows_per_block": rows_per_block, "depth": depth,
+                "blocks_per_sm": blocks_per_sm, "gemv_tbps": tbps,
+            })
             print(
-                f"sweep gemv {layer:<13} threads {threads:>3} rows/block {rows_per_block} depth {depth}: {tbps:.2f} TB/s"
+                f"sweep gemv {layer:<13} threads {threads:>3} rows/block {rows_per_block} depth {depth} "
+                f"blocks/SM {blocks_per_sm}: {tbps:.2f} TB/s"
             )
         del weights
     return rows

@@ -9,7 +9,7 @@ from numba import cuda
 from tests.attention_batch import paged_batch
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, relative_error, widen
 from tinyvllm.kernels import attention_decode, attention_split
-from tinyvllm.kernels.attention_decode import paged_decode_attention
+from tinyvllm.kernels.attention_decode import MAX_GROUP, paged_decode_attention
 from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     MAX_PARTITIONS,
@@ -204,3 +204,9 @@ def test_llama_1b_decode_batch_at_long_context():
     expected = batch.expected()
     assert relative_error(_run_plain(batch), expected) <= BF16_TOLERANCE
     assert relative_error(_run_split(batch, 32), expected) <= BF16_TOLERANCE
+
+
+def test_more_query_heads_per_kv_head_than_a_block_serves_raise():
+    arguments = _arguments(num_heads=2 * (MAX_GROUP + 1), num_kv_heads=2)
+    with pytest.raises(ValueError, match=f"at most {MAX_GROUP} per KV head"):
+        decode_attention(**arguments)

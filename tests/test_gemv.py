@@ -1,5 +1,7 @@
 """The GEMV kernel (x with at most MAX_ROWS rows) against the float64 reference and the tiled GEMM."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -8,16 +10,20 @@ from numba import cuda
 
 from tests.helpers import pick, poisoned, random_bf16, relative_error
 from tests.test_gemm import FLOAT32_TOLERANCE, OUTPUT_DTYPES, assert_close, expected, run
+from tinyvllm.kernels import gemv as gemv_module
 from tinyvllm.kernels.gemm import gemm
 from tinyvllm.kernels.gemv import (
+    BLOCKS_PER_SM,
     CHUNKS_PER_THREAD,
+    LONG_ROW,
     MAX_ROWS,
     MAX_THREADS,
     MIN_THREADS,
+    WIDE_OUTPUT,
     WORD_BUDGET,
     WORDS,
-    block_shape,
     gemv,
+    launch_shape,
 )
 
 BLOCK_EDGES = [2, 3, 4, 5]
@@ -43,6 +49,23 @@ def test_gemv_matches_reference(problem, out_dtype):
     assert_close(run(gemv, x, weight, out_dtype), expected(x, weight), out_dtype)
 
 
+@contextlib.contextmanager
+def small_gpu(num_sms: int):
+    """The GEMV at M = 1 launched as on a GPU of num_sms SMs holding one block each: its
+    blocks loop over the row groups past the grid."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemv_module, "multiprocessor_count", lambda: num_sms)
+        patch.setattr(gemv_module, "BLOCKS_PER_SM", 1)
+        yield
+
+
+@given(problems(), st.integers(1, 3))
+def test_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
+    x, weight = problem[0][:1], problem[1]  # the grid is capped at M = 1 only
+    with small_gpu(num_sms):
+        assert_close(run(gemv, x, weight, np.float32), expected(x, weight), np.float32)
+
+
 @given(problems(long_ks=pick([24], LONG_KS)))
 def test_gemv_and_tiled_gemm_agree(problem):
     """(Under the simulator with short K only: the tiled kernel is slow there.)"""
@@ -58,13 +81,15 @@ def test_gemv_refuses_more_than_max_rows():
         gemv(x, weight, poisoned((MAX_ROWS + 1, 3), np.float32))
 
 
-@given(st.integers(1, 1 << 16), st.integers(1, MAX_ROWS))
-def test_gemv_block_shape_follows_its_rule(k, m):
-    threads, rows_per_block, depth = block_shape(k, m)
+@given(st.integers(1, 1 << 16), st.integers(1, 1 << 18), st.integers(1, MAX_ROWS), st.integers(1, 200))
+def test_gemv_launch_shape_follows_its_rule(k, n, m, num_sms):
+    threads, rows_per_block, depth, blocks = launch_shape(k, n, m, num_sms)
     assert threads & (threads - 1) == 0 and MIN_THREADS <= threads <= MAX_THREADS
     chunks = -(-k // 8)
     assert threads == MIN_THREADS or chunks >= CHUNKS_PER_THREAD * threads
     assert threads == MIN_THREADS or threads == MAX_THREADS or chunks < 2 * CHUNKS_PER_THREAD * threads
-    assert rows_per_block in (2, 4)
+    assert rows_per_block == (4 if k > LONG_ROW or (m == 1 and n >= WIDE_OUTPUT) else 2)
+    groups = -(-n // rows_per_block)
+    assert blocks == (min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups)
     assert 1 <= depth <= -(-chunks // threads)
     assert depth == 1 or (rows_per_block + m) * WORDS * depth <= WORD_BUDGET

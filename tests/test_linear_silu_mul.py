@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
-from tests.test_gemv import LONG_KS
+from tests.test_gemv import LONG_KS, small_gpu
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import interleave_rows, silu_mul
 from tinyvllm.kernels.bf16 import from_bf16, to_bf16
@@ -50,6 +50,13 @@ def run_fused(x, weight) -> np.ndarray:
 def test_fused_gemv_matches_reference(problem):
     x, weight = problem
     assert relative_error(widen(run_fused(x, weight)), expected(x, weight)) <= BF16_TOLERANCE
+
+
+@given(problems(), st.integers(1, 3))
+def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
+    x, weight = problem[0][:1], problem[1]  # the grid is capped at M = 1 only
+    with small_gpu(num_sms):
+        assert relative_error(widen(run_fused(x, weight)), expected(x, weight)) <= BF16_TOLERANCE
 
 
 @given(problems(whole_vectors=True))

@@ -13,7 +13,7 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import attention_prefill, attention_split, embedding, pdl, rmsnorm, rope, sampling
+from tinyvllm.kernels import attention_prefill, attention_split, embedding, multiprocessors, pdl, rmsnorm, rope, sampling
 from tinyvllm.kernels.linear import linear, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
@@ -157,7 +157,7 @@ class CudaBackend:
         """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
         shape = attention_split.decode_workspace_shape(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            attention_split.multiprocessor_count(),
+            multiprocessors.multiprocessor_count(),
         )
         return self.empty(shape, np.float32)
 

@@ -14,7 +14,8 @@ the group adds the partial dots with shuffles (`lane_group_sum`). The block's gr
 consecutive tokens, so a warp reads whole rows of neighbouring tokens, and every group
 loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. Each group
 runs its own online softmax (per head: running max, sum, and its lanes' slice of the
-output); at the end the groups merge through shared memory (`attention_common`).
+output), rescaled once per step to the step's largest score; at the end the groups merge
+through shared memory (`attention_common`), all G heads at once.
 
 The kernel also runs one *partition* of each context (the grid's z dimension), for
 split-K decoding (`attention_split.py`): block z cuts its sequence's context, from the
@@ -48,6 +49,9 @@ TOKENS_PER_STEP = 4
 """Tokens each lane group loads before using them: 64 bytes in flight per lane."""
 REGISTER_FILE = 65536
 """32-bit registers per SM."""
+MAX_GROUP = 8
+"""Query heads per KV head: a block keeps G query and accumulator slices in registers
+and merges G heads' states in shared memory at once (4 KB of it per head)."""
 WORKSPACE_EXTRA = 2
 """A workspace row is a partition's output slice [0, D), then its max [D] and sum [D + 1]."""
 
@@ -80,10 +84,26 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
     resident = max(1, REGISTER_FILE // (threads * registers))
     bounds = {} if SIMULATOR else {"launch_bounds": (threads, resident)}
 
+    @cuda.jit(device=True, inline=True)
+    def locate(table, base, end, token_group, shift, row_mask, row_stride, block_stride, head_offset, offsets):
+        """Where this lane's slice of K and V sits for each token of the loop step at `base`
+        (tokens past `end` read the last one again)."""
+        for u in range(tokens_per_step):
+            token = np.uint32(min(base + u * groups + token_group, end - 1))
+            block = np.uint64(table[token >> shift])
+            offsets[u] = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
+
+    @cuda.jit(device=True, inline=True)
+    def block_max(group_max, g):
+        """Head g's maximum over the block's groups."""
+        merged = float32(-math.inf)
+        for other in range(groups):
+            merged = max(merged, group_max[other, g])
+        return merged
+
     @cuda.jit(**bounds)
     def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
         allow_dependent_launch()
-        wait_for_prior_grid()
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         partition = cuda.blockIdx.z
@@ -101,6 +121,16 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         start = partition * length
         end = min(context_len, start + length)
 
+        # The lengths and block tables come from the host, never from a kernel: the first
+        # step's cache offsets are worked out before the wait for the kernel ahead (`pdl`),
+        # and each step looks up the next one's while its own loads are in flight.
+        table = block_tables[seq]
+        head_offset = np.uint64(kv_head * head_dim + column)
+        offsets = cuda.local.array(tokens_per_step, np.uint64)
+        if start < end:
+            locate(table, start, end, token_group, shift, row_mask, row_stride, block_stride, head_offset, offsets)
+        wait_for_prior_grid()
+
         query = cuda.local.array((group, VECTOR), float32)
         acc = cuda.local.array((group, VECTOR), float32)
         running_max = cuda.local.array(group, float32)
@@ -115,8 +145,6 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             running_max[g] = -math.inf
             running_sum[g] = float32(0.0)
 
-        table = block_tables[seq]
-        head_offset = np.uint64(kv_head * head_dim + column)
         k_words = cuda.local.array((tokens_per_step, words), np.uint32)
         v_words = cuda.local.array((tokens_per_step, words), np.uint32)
         scores = cuda.local.array(step_scores, float32)
@@ -125,14 +153,14 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         # --8<-- [start:token-loop]
         for base in range(start, end, step):
             for u in range(tokens_per_step):
-                token = np.uint32(min(base + u * groups + token_group, end - 1))
-                block = np.uint64(table[token >> shift])
-                offset = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
-                k_loaded = load_words(k_flat, offset)
-                v_loaded = load_words(v_flat, offset)
+                k_loaded = load_words(k_flat, offsets[u])
+                v_loaded = load_words(v_flat, offsets[u])
                 for w in range(words):
                     k_words[u, w] = k_loaded[w]
                     v_words[u, w] = v_loaded[w]
+            if base + step < end:
+                locate(table, base + step, end, token_group, shift, row_mask, row_stride, block_stride, head_offset,
+                       offsets)
             for u in range(tokens_per_step):
                 for g in range(group):
                     dot = float32(0.0)
@@ -141,58 +169,62 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
                         dot += query[g, 2 * w + 1] * high_half(k_words[u, w])
                     scores[u * group + g] = dot
             lane_group_sum(scores, lanes, scratch)
+            # One rescale per head and step, to the step's new maximum (not one per token).
+            for g in range(group):
+                step_max = running_max[g]
+                for u in range(tokens_per_step):
+                    if base + u * groups + token_group < end:
+                        step_max = max(step_max, scores[u * group + g])
+                factor = rescale(running_max[g], step_max)
+                running_sum[g] *= factor
+                for e in range(VECTOR):
+                    acc[g, e] *= factor
+                running_max[g] = step_max
             for u in range(tokens_per_step):
                 if base + u * groups + token_group < end:
                     for w in range(words):
                         values[2 * w] = low_half(v_words[u, w])
                         values[2 * w + 1] = high_half(v_words[u, w])
                     for g in range(group):
-                        score = scores[u * group + g]
-                        if score > running_max[g]:
-                            factor = rescale(running_max[g], score)
-                            running_sum[g] *= factor
-                            for e in range(VECTOR):
-                                acc[g, e] *= factor
-                            running_max[g] = score
-                        weight = math.exp2(score - running_max[g])
+                        weight = math.exp2(scores[u * group + g] - running_max[g])
                         running_sum[g] += weight
                         for e in range(VECTOR):
                             acc[g, e] += weight * values[e]
         # --8<-- [end:token-loop]
 
+        # The groups' states merge in shared memory, all G heads at once: each group
+        # rescales its state to the block's maximum, then thread t sums element t.
         group_max = cuda.shared.array((groups, group), float32)
         group_sum = cuda.shared.array((groups, group), float32)
-        group_acc = cuda.shared.array((groups, head_dim), float32)
+        group_acc = cuda.shared.array((groups, group, head_dim), float32)
         if lane == 0:
             for g in range(group):
                 group_max[token_group, g] = running_max[g]
         cuda.syncthreads()
         for g in range(group):
-            merged_max = float32(-math.inf)
-            for other in range(groups):
-                merged_max = max(merged_max, group_max[other, g])
-            factor = rescale(running_max[g], merged_max)
+            factor = rescale(running_max[g], block_max(group_max, g))
             for e in range(VECTOR):
-                group_acc[token_group, column + e] = acc[g, e] * factor
+                group_acc[token_group, g, column + e] = acc[g, e] * factor
             if lane == 0:
                 group_sum[token_group, g] = running_sum[g] * factor
-            cuda.syncthreads()
+        cuda.syncthreads()
+        for element in range(cuda.threadIdx.x, group * head_dim, threads):
+            g = element // head_dim
+            d = element % head_dim
             head = kv_head * group + g
-            for d in range(cuda.threadIdx.x, head_dim, threads):
-                total = float32(0.0)
-                merged_sum = float32(0.0)
-                for other in range(groups):
-                    total += group_acc[other, d]
-                    merged_sum += group_sum[other, g]
-                if split:
-                    slot = (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z + partition
-                    result[slot, d] = total
-                    if d == 0:
-                        result[slot, head_dim] = merged_max
-                        result[slot, head_dim + 1] = merged_sum
-                else:
-                    result[seq, head, d] = f32_to_bf16(total / merged_sum)
-            cuda.syncthreads()
+            total = float32(0.0)
+            merged_sum = float32(0.0)
+            for other in range(groups):
+                total += group_acc[other, g, d]
+                merged_sum += group_sum[other, g]
+            if split:
+                slot = (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z + partition
+                result[slot, d] = total
+                if d == 0:
+                    result[slot, head_dim] = block_max(group_max, g)
+                    result[slot, head_dim + 1] = merged_sum
+            else:
+                result[seq, head, d] = f32_to_bf16(total / merged_sum)
 
     return decode
 
@@ -203,6 +235,10 @@ def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[
     _, max_blocks = check_sequences(block_tables, context_lens, num_seqs)
     if head_dim // VECTOR > 32 or (head_dim // VECTOR) & (head_dim // VECTOR - 1):
         raise ValueError(f"head_dim {head_dim}: decode needs D / {VECTOR} to be a power of two up to 32")
+    if num_heads // num_kv_heads > MAX_GROUP:
+        raise ValueError(
+            f"q: {num_heads} query heads over {num_kv_heads} KV heads; decode serves at most {MAX_GROUP} per KV head"
+        )
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 

@@ -16,13 +16,12 @@ from the batch, the table width and the size of the GPU (`decode_partitions`), a
 whichever fits.
 """
 
-import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels.attention_common import SIMULATOR, rescale
+from tinyvllm.kernels.attention_common import rescale
 from tinyvllm.kernels.attention_decode import (
     WORKSPACE_EXTRA,
     check_decode,
@@ -41,46 +40,49 @@ MIN_PARTITION_TOKENS = 64
 block at D = 64), so that a full-length context gives every block a step of work."""
 MAX_PARTITIONS = 64
 """Partitions are the grid's z dimension, which CUDA caps at 64."""
-H200_SMS = 132
-"""The simulator's stand-in for the multiprocessor count it does not report."""
 MERGE_THREADS = 128
 """The merge's threads per head: one per output element, up to this many."""
+MERGE_BATCH = 8
+"""Partitions whose states a merge thread loads at once, before it combines any."""
 
 
 # --8<-- [start:merge]
 @cuda.jit
 def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
-    """One block per (query head, sequence): the non-empty partitions' states merged."""
+    """One block per (query head, sequence), one thread per output element: the non-empty
+    partitions' states merged with the online-softmax rule, MERGE_BATCH partitions' loads
+    issued together (no barrier, no shared memory)."""
     allow_dependent_launch()
-    wait_for_prior_grid()
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
     head_dim = out.shape[2]
     first = (seq * out.shape[1] + head) * num_partitions
+    # The lengths come from the host: read before the wait for the decode blocks (`pdl`).
     context_len = context_lens[seq]
     length = partition_tokens(context_len, num_partitions, step)
     filled = (context_len + length - 1) // length
-    # Each partition's max, then its weight exp2(max - overall max), shared by the block:
-    # the loops over partitions below read shared memory, and no empty partition at all.
-    factors = cuda.shared.array(MAX_PARTITIONS, float32)
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = workspace[first + p, head_dim]
-    cuda.syncthreads()
-    overall_max = float32(-math.inf)
-    for p in range(filled):
-        overall_max = max(overall_max, factors[p])
-    cuda.syncthreads()
-    for p in range(cuda.threadIdx.x, filled, cuda.blockDim.x):
-        factors[p] = rescale(factors[p], overall_max)
-    cuda.syncthreads()
-    weight_sum = float32(0.0)
-    for p in range(filled):
-        weight_sum += workspace[first + p, head_dim + 1] * factors[p]
+    wait_for_prior_grid()
+    maxes = cuda.local.array(MERGE_BATCH, float32)
+    sums = cuda.local.array(MERGE_BATCH, float32)
+    values = cuda.local.array(MERGE_BATCH, float32)
     for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
+        running_max = float32(-math.inf)
+        running_sum = float32(0.0)
         total = float32(0.0)
-        for p in range(filled):
-            total += workspace[first + p, d] * factors[p]
-        out[seq, head, d] = f32_to_bf16(total / weight_sum)
+        for batch in range(0, filled, MERGE_BATCH):
+            for i in range(MERGE_BATCH):
+                row = first + min(batch + i, filled - 1)
+                maxes[i] = workspace[row, head_dim]
+                sums[i] = workspace[row, head_dim + 1]
+                values[i] = workspace[row, d]
+            for i in range(MERGE_BATCH):
+                if batch + i < filled:
+                    merged_max = max(running_max, maxes[i])
+                    old, new = rescale(running_max, merged_max), rescale(maxes[i], merged_max)
+                    running_sum = running_sum * old + sums[i] * new
+                    total = total * old + values[i] * new
+                    running_max = merged_max
+        out[seq, head, d] = f32_to_bf16(total / running_sum)
 # --8<-- [end:merge]
 
 
@@ -128,14 +130,6 @@ def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num
     Split-K keeps S * Hkv * partitions <= BLOCKS_PER_SM * num_sms, one row per query head.
     """
     return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
-
-
-@functools.cache
-def multiprocessor_count() -> int:
-    """The current GPU's SM count (the H200's under the simulator, which reports none)."""
-    if SIMULATOR:
-        return H200_SMS
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:

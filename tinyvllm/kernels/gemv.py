@@ -6,24 +6,35 @@ With M this small each weight is used only M times after it is read, so the kern
 at the speed W streams out of device memory: every byte of W is read once, in 16-byte
 loads, with enough of them in flight to cover the ~1 us latency of device memory.
 
-Each block of T threads owns R consecutive rows of W. Thread t takes the 8-element
-chunks t, t + T, t + 2T, ... along K, `depth` of them at a time: it issues every load of
-those chunks (one 16-byte load per row of W and per row of X, `fetch_weight` and
-`fetch_x`) before its first multiply, so it waits for device memory once per `depth`
-chunks, with depth x (R + M) loads in flight. No kernel writes W, so under programmatic
-dependent launch (`pdl.py`) a block issues its first weight loads even before the kernel
-ahead of it, which writes X, has finished; in a decode step's graph the weights of one
-product start streaming while the kernel before it drains. Rows past N read the last row
-again instead of branching, and their sums are not stored.
+Each block of T threads owns R consecutive rows of W at a time (a row group). Thread t
+takes the 8-element chunks t, t + T, t + 2T, ... along K, `depth` of them at a time: it
+issues every load of those chunks (one 16-byte load per row of W and per row of X,
+`chunk_fetcher`) before its first multiply, so it waits for device memory once per
+`depth` chunks, with depth x (R + M) loads in flight. No kernel writes W, so under
+programmatic dependent launch (`pdl.py`) a block issues its first weight loads even before
+the kernel ahead of it, which writes X, has finished; in a decode step's graph the weights
+of one product start streaming while the kernel before it drains. Rows past N read the
+last row again instead of branching, and their sums are not stored.
 
-The block shape (`block_shape`) was measured on the H200 (`python -m perf.bench_gemm
+At M = 1 the grid holds at most BLOCKS_PER_SM blocks per SM; past that, block b takes row groups
+b, b + grid, b + 2 grid, ..., and issues the first loads of its next group before it
+reduces the current one, so its loads never stop for the reduction's barriers, and no
+second wave of blocks starts part empty.
+
+The launch shape (`launch_shape`) was measured on the H200 (`python -m perf.bench_gemm
 --sweep`, weights streamed through a graph with PDL): T is the largest power of two that
-leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 2,
-or 4 for rows longer than LONG_ROW; depth is all of a thread's chunks, as far as
-WORD_BUDGET registers hold them. At K = 2048 that is 64 threads x 2 rows x 4 chunks
-(gate|up 3.39 to 3.42 TB/s in three runs); at K = 8192 (the down projection, N = 2048)
-128 x 4 x 4 streams 3.68 to 3.71 TB/s where 128 x 2 x 4 streams 3.34 (twice as many
-blocks, likely more than the GPU holds at once, so a second wave runs part full).
+leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 4 for
+rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth is
+all of a thread's chunks, as far as WORD_BUDGET registers hold them. Past M = 1 the grid
+is one block per row group and wide products keep two rows a block: four rows and the
+capped grid were measured only at M = 1, and four rows with M = 4 x rows leave room in
+the register budget for only three chunks at once (the gate|up product at M = 4 took
+2.6 times as long). On gate|up (K = 2048, N = 8192)
+that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over 2,048 row groups:
+3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the former 64 x 2, 3.33);
+the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the down projection,
+N = 2048) 128 x 4 x 4 streams 3.72, one block per group (512 of them fit at once). The o
+projection (N = 2048) keeps two rows a block: four streamed 2.5 where two stream 2.76.
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
@@ -56,6 +67,7 @@ from tinyvllm.kernels.activation import silu_times
 from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight, store_bf16
+from tinyvllm.kernels.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
@@ -64,7 +76,11 @@ MAX_THREADS = 256
 WORDS = VECTOR // 2
 CHUNKS_PER_THREAD = 8
 LONG_ROW = 4096
-"""Rows of W longer than this go four to a block, shorter ones two."""
+WIDE_OUTPUT = 3072
+"""Rows of W longer than LONG_ROW go four to a block, as do those of a product at least
+WIDE_OUTPUT wide at M = 1; others two."""
+BLOCKS_PER_SM = 8
+"""At M = 1, the grid's size per SM past which blocks loop over row groups."""
 MAX_ROWS = 8
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
@@ -93,28 +109,24 @@ def gemv_kernel(
     (rows_per_block even) instead of both sums."""
     sums = rows_per_block * m_rows
 
-    @cuda.jit(device=True, inline=True)
-    def fetch_weight(weight, n0, chunk, num_chunks, w_words):
-        """Issue the loads of rows_per_block rows of W for chunk slots 0..depth-1 from `chunk`.
+    def chunk_fetcher(rows):
+        @cuda.jit(device=True, inline=True)
+        def fetch(array, first_row, chunk, num_chunks, words_out):
+            """Issue the loads of `rows` rows of array from first_row, for chunk slots
+            0..depth-1 from `chunk`. Rows past the end read the last row again, slots past
+            the last chunk the last chunk: their sums are never stored."""
+            last_row = array.shape[0] - 1
+            for d in range(depth):
+                col = min(chunk + d * threads, num_chunks - 1) * VECTOR
+                for r in range(rows):
+                    words = read_chunk(array, min(first_row + r, last_row), col)
+                    for i in range(WORDS):
+                        words_out[d, r, i] = words[i]
 
-        Slots past the last chunk read the last chunk again and are not added."""
-        last_row = weight.shape[0] - 1
-        for d in range(depth):
-            col = min(chunk + d * threads, num_chunks - 1) * VECTOR
-            for r in range(rows_per_block):
-                words = read_chunk(weight, min(n0 + r, last_row), col)
-                for i in range(WORDS):
-                    w_words[d, r, i] = words[i]
+        return fetch
 
-    @cuda.jit(device=True, inline=True)
-    def fetch_x(x, chunk, num_chunks, x_words):
-        """The same for the m_rows rows of X."""
-        for d in range(depth):
-            col = min(chunk + d * threads, num_chunks - 1) * VECTOR
-            for m in range(m_rows):
-                words = read_chunk(x, m, col)
-                for i in range(WORDS):
-                    x_words[d, m, i] = words[i]
+    fetch_weight = chunk_fetcher(rows_per_block)
+    fetch_x = chunk_fetcher(m_rows)
 
     @cuda.jit(device=True, inline=True)
     def accumulate(d, w_words, x_words, acc):
@@ -127,37 +139,9 @@ def gemv_kernel(
                     total += high_half(w_words[d, r, i]) * high_half(x_words[d, m, i])
                 acc[r, m] = total
 
-    @cuda.jit
-    def gemv(x, weight, out):
-        partials = cuda.shared.array((sums, threads), float32)
-        acc = cuda.local.array((rows_per_block, m_rows), float32)
-        w_words = cuda.local.array((depth, rows_per_block, WORDS), uint32)
-        x_words = cuda.local.array((depth, m_rows, WORDS), uint32)
-        tid = np.uint32(cuda.threadIdx.x)
-        n0 = np.uint32(cuda.blockIdx.x) * rows_per_block
-
-        for r in range(rows_per_block):
-            for m in range(m_rows):
-                acc[r, m] = float32(0.0)
-
-        num_chunks = np.uint32((x.shape[1] + VECTOR - 1) // VECTOR)
-        chunk = tid
-        # A thread's loads all go out before its first multiply, so it waits for device
-        # memory once per `depth` chunks. No kernel writes W: its first loads go out even
-        # before the kernel ahead (which writes X) has finished (`pdl`).
-        allow_dependent_launch()
-        if chunk < num_chunks:
-            fetch_weight(weight, n0, chunk, num_chunks, w_words)
-        wait_for_prior_grid()
-        while chunk < num_chunks:
-            fetch_x(x, chunk, num_chunks, x_words)
-            for d in range(depth):
-                if chunk + d * threads < num_chunks:
-                    accumulate(d, w_words, x_words, acc)
-            chunk += depth * threads
-            if chunk < num_chunks:
-                fetch_weight(weight, n0, chunk, num_chunks, w_words)
-
+    @cuda.jit(device=True, inline=True)
+    def reduce_and_store(acc, partials, tid, n0, out):
+        """Sum every thread's acc across the block and store the block's outputs."""
         for r in range(rows_per_block):
             for m in range(m_rows):
                 partials[r * m_rows + m, tid] = acc[r, m]
@@ -182,6 +166,45 @@ def gemv_kernel(
             if tid < sums and row < out.shape[1]:
                 store(out, tid % m_rows, row, partials[tid, 0])
 
+    @cuda.jit
+    def gemv(x, weight, out):
+        partials = cuda.shared.array((sums, threads), float32)
+        acc = cuda.local.array((rows_per_block, m_rows), float32)
+        w_words = cuda.local.array((depth, rows_per_block, WORDS), uint32)
+        x_words = cuda.local.array((depth, m_rows, WORDS), uint32)
+        tid = np.uint32(cuda.threadIdx.x)
+        num_chunks = np.uint32((x.shape[1] + VECTOR - 1) // VECTOR)
+        group_stride = np.uint32(cuda.gridDim.x) * rows_per_block
+        n0 = np.uint32(cuda.blockIdx.x) * rows_per_block
+        # A thread's loads all go out before its first multiply, so it waits for device
+        # memory once per `depth` chunks. No kernel writes W: its first loads go out even
+        # before the kernel ahead (which writes X) has finished (`pdl`).
+        allow_dependent_launch()
+        if tid < num_chunks:
+            fetch_weight(weight, n0, tid, num_chunks, w_words)
+        wait_for_prior_grid()
+        while n0 < weight.shape[0]:
+            for r in range(rows_per_block):
+                for m in range(m_rows):
+                    acc[r, m] = float32(0.0)
+            chunk = tid
+            while chunk < num_chunks:
+                fetch_x(x, 0, chunk, num_chunks, x_words)
+                for d in range(depth):
+                    if chunk + d * threads < num_chunks:
+                        accumulate(d, w_words, x_words, acc)
+                chunk += depth * threads
+                if chunk < num_chunks:
+                    fetch_weight(weight, n0, chunk, num_chunks, w_words)
+            # The block's next rows start streaming under this group's reduction.
+            next_n0 = n0 + group_stride
+            if next_n0 < weight.shape[0] and tid < num_chunks:
+                fetch_weight(weight, next_n0, tid, num_chunks, w_words)
+            reduce_and_store(acc, partials, tid, n0, out)
+            n0 = next_n0
+            if n0 < weight.shape[0]:
+                cuda.syncthreads()  # before the next group writes partials again
+
     return gemv
 # --8<-- [end:kernel]
 
@@ -198,20 +221,23 @@ def _launch(x, weight, out, store, gated: bool, stream) -> None:
     if m > MAX_ROWS:
         raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
     read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
-    threads, rows_per_block, depth = block_shape(k, m)
+    threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count())
     kernel = gemv_kernel(m, read_chunk, store, threads, rows_per_block, depth, gated)
-    kernel[-(-weight.shape[0] // rows_per_block), threads, stream](x, weight, out)
+    kernel[blocks, threads, stream](x, weight, out)
 
 
-def block_shape(k: int, m: int) -> tuple[int, int, int]:
-    """(threads, rows of W per block, chunks a thread loads at once) for rows of length k
-    and m rows of x (see above)."""
+def launch_shape(k: int, n: int, m: int, num_sms: int) -> tuple[int, int, int, int]:
+    """(threads, rows of W per block, chunks a thread loads at once, blocks) for an N x K
+    weight and m rows of x, on a GPU of num_sms SMs (see above)."""
     chunks = -(-k // VECTOR)
     share = chunks // CHUNKS_PER_THREAD
     threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
-    rows_per_block = 4 if k > LONG_ROW else 2
+    wide = m == 1 and n >= WIDE_OUTPUT
+    rows_per_block = 4 if k > LONG_ROW or wide else 2
     depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS)))
-    return threads, rows_per_block, depth
+    groups = -(-n // rows_per_block)
+    blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
+    return threads, rows_per_block, depth, blocks
 
 
 def gemv_silu_mul(x, weight, out, *, stream=0) -> None:

@@ -84,17 +84,17 @@ def _normalize_and_store(words, gains, eps, out_row):
 # --8<-- [end:normalize]
 
 
-# The weight is loaded with the row, before the residual store and the block-wide sum's
-# barriers: the compiler may not move a load past either, and a one-token norm would
-# then wait for memory twice.
+# The weight is loaded first: no kernel writes it, so its loads go out before the wait for
+# the kernel ahead (`pdl`), and in any case before the residual store and the block-wide
+# sum's barriers, which the compiler may not move a load past.
 @cuda.jit
 def _rmsnorm_kernel(x, weight, eps, out):
     allow_dependent_launch()
+    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    _load_row(weight, gains)
     wait_for_prior_grid()
     words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
     _load_row(x[cuda.blockIdx.x], words)
-    _load_row(weight, gains)
     _normalize_and_store(words, gains, eps, out[cuda.blockIdx.x])
 
 
@@ -102,15 +102,15 @@ def _rmsnorm_kernel(x, weight, eps, out):
 @cuda.jit
 def _add_rmsnorm_kernel(x, residual, weight, eps, out):
     allow_dependent_launch()
+    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
+    _load_row(weight, gains)
     wait_for_prior_grid()
     row = cuda.blockIdx.x
     hidden = x.shape[1]
     words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
     addend = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
     _load_row(residual[row], words)
     _load_row(x[row], addend)
-    _load_row(weight, gains)
     for k in range(VECTORS_PER_THREAD):
         for j in range(4):
             words[k, j] = pack_pair(

@@ -108,8 +108,9 @@ def _rotate(source, start, destination, first, half, cos, sin):
 
 @cuda.jit
 def _rope_write_kv_kernel(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache):
+    # Positions, inverse frequencies and slots come from the host or the weights, never
+    # from a kernel: the angles are worked out before the wait for the kernel ahead (`pdl`).
     allow_dependent_launch()
-    wait_for_prior_grid()
     token = cuda.blockIdx.x
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
@@ -128,6 +129,7 @@ def _rope_write_kv_kernel(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_
     writes_cache = slot >= 0 and slot < num_blocks * block_size
     block = slot // block_size
     row = slot - block * block_size
+    wait_for_prior_grid()
     num_heads = num_q_heads + 2 * num_kv_heads if writes_cache else num_q_heads
     source = qkv[token]
     first = cuda.threadIdx.x * VECTOR
