@@ -257,8 +257,9 @@ def sample(
         ("out", out, np.int32),
     ):
         check_array(name, array, dtype, (num_rows,))
+    _, workspace_parts = sample_workspace_shape(num_rows, vocab)
     for name, array, dtype in (("part_values", part_values, np.float32), ("part_indices", part_indices, np.int32)):
-        workspace_rows, _ = check_array(name, array, dtype, (None, split_vocab(vocab)[0]))
+        workspace_rows, _ = check_array(name, array, dtype, (None, workspace_parts))
         if workspace_rows < num_rows:
             raise ValueError(f"{name}: {workspace_rows} rows, needs at least one per row of logits ({num_rows})")
     if num_rows:
