@@ -39,8 +39,8 @@ from tinyvllm.kernels.bf16 import from_bf16
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import STORES, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole
-from tinyvllm.kernels.pdl import programmatic_launches
 from tinyvllm.kernels.multiprocessors import multiprocessor_count
+from tinyvllm.kernels.pdl import programmatic_launches
 
 LAYERS = {
     "qkv_proj": (2048, 3072),

@@ -13,7 +13,16 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import attention_prefill, attention_split, embedding, multiprocessors, pdl, rmsnorm, rope, sampling
+from tinyvllm.kernels import (
+    attention_prefill,
+    attention_split,
+    embedding,
+    multiprocessors,
+    pdl,
+    rmsnorm,
+    rope,
+    sampling,
+)
 from tinyvllm.kernels.linear import linear, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these

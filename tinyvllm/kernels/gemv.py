@@ -16,25 +16,25 @@ the kernel ahead of it, which writes X, has finished; in a decode step's graph t
 of one product start streaming while the kernel before it drains. Rows past N read the
 last row again instead of branching, and their sums are not stored.
 
-At M = 1 the grid holds at most BLOCKS_PER_SM blocks per SM; past that, block b takes row groups
-b, b + grid, b + 2 grid, ..., and issues the first loads of its next group before it
-reduces the current one, so its loads never stop for the reduction's barriers, and no
-second wave of blocks starts part empty.
+At M = 1 the grid holds at most BLOCKS_PER_SM blocks per SM; past that, block b takes
+row groups b, b + grid, b + 2 grid, ..., and issues the first loads of its next group
+before it reduces the current one, so its loads never stop for the reduction's barriers,
+and no second wave of blocks starts part empty.
 
 The launch shape (`launch_shape`) was measured on the H200 (`python -m perf.bench_gemm
 --sweep`, weights streamed through a graph with PDL): T is the largest power of two that
 leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 4 for
-rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth is
-all of a thread's chunks, as far as WORD_BUDGET registers hold them. Past M = 1 the grid
-is one block per row group and wide products keep two rows a block: four rows and the
-capped grid were measured only at M = 1, and four rows with M = 4 x rows leave room in
-the register budget for only three chunks at once (the gate|up product at M = 4 took
-2.6 times as long). On gate|up (K = 2048, N = 8192)
-that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over 2,048 row groups:
-3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the former 64 x 2, 3.33);
-the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the down projection,
-N = 2048) 128 x 4 x 4 streams 3.72, one block per group (512 of them fit at once). The o
-projection (N = 2048) keeps two rows a block: four streamed 2.5 where two stream 2.76.
+rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth
+is all of a thread's chunks, as far as WORD_BUDGET registers hold them. On gate|up
+(K = 2048, N = 8192) that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over
+2,048 row groups: 3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the
+former 64 x 2, 3.33); the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the
+down projection, N = 2048) 128 x 4 x 4 streams 3.72, one block per group (512 of them fit
+at once). The o projection (N = 2048) keeps two rows a block: four streamed 2.5 where two
+stream 2.76. Past M = 1 the grid is one block per row group and wide products keep two
+rows a block: four rows and the capped grid were measured only at M = 1, and with four
+rows of W and four of X the register budget holds only three chunks at once (the gate|up
+product at M = 4 took 2.6 times as long).
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
