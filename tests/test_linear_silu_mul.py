@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, widen
 from tests.test_gemv import LONG_KS, small_gpu
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import interleave_rows, silu_mul
@@ -34,10 +34,15 @@ def problems(draw, whole_vectors=False):
     return random_bf16(rng, (m, k)), interleave_rows(gate, up)
 
 
-def expected(x, weight) -> np.ndarray:
-    """The reference, with the product rounded to bf16 as the unfused path stores it."""
+def assert_matches_reference(actual, x, weight) -> None:
+    """actual within bf16 tolerance of the reference (the product rounded to bf16, as the
+    unfused path stores it, then SwiGLU in float64), measured against the largest the
+    output could be given its factors, |silu(g) u| <= |g u|. A norm of the outputs alone is
+    ill-conditioned: where g is large and negative, silu(g) u is tiny and a one-ulp change
+    of the rounded g moves it by half of itself."""
     gate_up = from_bf16(to_bf16(reference.linear(widen(x), widen(weight)))).astype(np.float64)
-    return reference.silu_mul(gate_up)
+    error = np.linalg.norm(widen(actual) - reference.silu_mul(gate_up))
+    assert error <= BF16_TOLERANCE * np.linalg.norm(gate_up[..., 0::2] * gate_up[..., 1::2])
 
 
 def run_fused(x, weight) -> np.ndarray:
@@ -49,14 +54,14 @@ def run_fused(x, weight) -> np.ndarray:
 @given(problems())
 def test_fused_gemv_matches_reference(problem):
     x, weight = problem
-    assert relative_error(widen(run_fused(x, weight)), expected(x, weight)) <= BF16_TOLERANCE
+    assert_matches_reference(run_fused(x, weight), x, weight)
 
 
 @given(problems(), st.integers(1, 3))
 def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
     x, weight = problem[0][:1], problem[1]  # the grid is capped at M = 1 only
     with small_gpu(num_sms):
-        assert relative_error(widen(run_fused(x, weight)), expected(x, weight)) <= BF16_TOLERANCE
+        assert_matches_reference(run_fused(x, weight), x, weight)
 
 
 @given(problems(whole_vectors=True))
@@ -77,7 +82,7 @@ def test_linear_silu_mul_matches_reference_on_every_backend(backend):
     x, weight = random_bf16(rng, (m, 40)), interleave_rows(gate, up)
     gate_up, out = poisoned((m, 48)), poisoned((m, 24))
     linear_silu_mul(cuda.to_device(x), cuda.to_device(weight), gate_up, out, backend=backend)
-    assert relative_error(widen(out), expected(x, weight)) <= BF16_TOLERANCE
+    assert_matches_reference(out.copy_to_host(), x, weight)
 
 
 def _valid_arguments():

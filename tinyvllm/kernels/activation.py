@@ -31,8 +31,9 @@ EXP_LIMIT = float32(88.0)
 def silu_times(gate, up):
     """silu(gate) * up in float32.
 
-    exp(88) is near float32's largest value; past it silu(g) is 0 in bf16 anyway, and the
-    clamp keeps the simulator's math.exp (which raises on overflow) finite too.
+    exp(88) is near float32's largest value, so -g is clamped there: for g below -88 this
+    gives g * up / (1 + e^88) rather than silu(g) * up, both under 1e-38 |g * up| (and the
+    clamp keeps the simulator's math.exp, which raises on overflow, finite too).
     """
     return gate / (float32(1.0) + math.exp(min(-gate, EXP_LIMIT))) * up
 
