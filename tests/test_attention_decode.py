@@ -85,6 +85,19 @@ def test_split_decode_matches_reference_and_plain_decode(batch, num_partitions):
     assert relative_error(split, _run_plain(batch)) <= BF16_TOLERANCE
 
 
+@given(decode_batches(), st.integers(1, pick(4, 40)))
+def test_table_entries_past_a_context_are_never_used(batch, num_partitions):
+    """A block id past the cache in every unused table entry: reading K or V through one
+    would fault (an IndexError in the simulator)."""
+    block_size = batch.k_cache.shape[1]
+    used = -(-batch.context_lens // block_size)
+    unused = np.arange(batch.block_tables.shape[1]) >= used[:, None]
+    batch.block_tables[unused] = batch.k_cache.shape[0] + 2**20
+    expected = batch.expected()
+    assert relative_error(_run_plain(batch), expected) <= BF16_TOLERANCE
+    assert relative_error(_run_split(batch, num_partitions), expected) <= BF16_TOLERANCE
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("num_partitions", [1, 3])
 def test_model_head_dims(head_dim, num_partitions):

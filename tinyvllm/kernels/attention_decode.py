@@ -12,7 +12,12 @@ lanes takes one token: each lane loads 8 elements of the K row and 8 of the V ro
 16-byte load each, dots its K slice with the G query slices it keeps in registers, and
 the group adds the partial dots with shuffles (`lane_group_sum`). The block's groups take
 consecutive tokens, so a warp reads whole rows of neighbouring tokens, and every group
-loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. Each group
+loads TOKENS_PER_STEP tokens before it uses any, to keep many bytes in flight. Registers
+hold one step's K and V, not two (a second set spills), so once a step's loads are out,
+the group looks up the next step's rows and *prefetches* them into L2
+(`prefetch.global.L2`: nothing comes back to a register, nothing waits for it). Device
+memory keeps streaming while the block computes, and the next step's loads find their
+rows in L2: at batch 64 x 2048 paged decode went from 2.96 to 3.20 TB/s. Each group
 runs its own online softmax (per head: running max, sum, and its lanes' slice of the
 output), rescaled once per step to the step's largest score; at the end the groups merge
 through shared memory (`attention_common`), all G heads at once.
@@ -42,7 +47,7 @@ from tinyvllm.kernels.attention_common import (
 )
 from tinyvllm.kernels.bf16 import f32_to_bf16
 from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
+from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half, prefetch_l2
 
 DECODE_THREADS = 128
 TOKENS_PER_STEP = 4
@@ -92,6 +97,14 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             token = np.uint32(min(base + u * groups + token_group, end - 1))
             block = np.uint64(table[token >> shift])
             offsets[u] = block * block_stride + np.uint64((token & row_mask) * row_stride) + head_offset
+
+    @cuda.jit(device=True, inline=True)
+    def prefetch_step(k_flat, v_flat, offsets):
+        """Start the loop step's K and V slices on their way into L2, with no register to
+        wait on: device memory keeps streaming while the block computes."""
+        for u in range(tokens_per_step):
+            prefetch_l2(k_flat, offsets[u])
+            prefetch_l2(v_flat, offsets[u])
 
     @cuda.jit(device=True, inline=True)
     def block_max(group_max, g):
@@ -161,6 +174,7 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             if base + step < end:
                 locate(table, base + step, end, token_group, shift, row_mask, row_stride, block_stride, head_offset,
                        offsets)
+                prefetch_step(k_flat, v_flat, offsets)
             for u in range(tokens_per_step):
                 for g in range(group):
                     dot = float32(0.0)

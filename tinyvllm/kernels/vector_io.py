@@ -7,7 +7,10 @@ aligned. `load_words(row, i)` tells it: it loads `row[i : i + 8]` as one aligned
 `<4 x i32>`, which the NVPTX backend emits as a single `ld.global.v4.u32`, and returns
 the four 32-bit words (each holds two bf16 values, the lower index in the low half).
 `store_words(row, i, words)` is the matching `st.global.v4.u32`. Both are ordinary LLVM
-loads and stores, so the compiler still sees every memory dependence.
+loads and stores, so the compiler still sees every memory dependence. `prefetch_l2(row, i)`
+asks for the line holding `row[i]` to be brought into L2 (`prefetch.global.L2`): no register
+receives it and nothing waits for it, so a kernel whose registers are full can still keep
+device memory busy with what it will load next.
 
 The caller guarantees alignment: `row` is a C-contiguous uint16 row, `i` a multiple of 8,
 and the launcher has run `check_rows_of_eight` on the array the row comes from (rows a
@@ -15,7 +18,8 @@ multiple of 8 elements long, base address a multiple of 16 bytes).
 
 `load_bf16x8` / `store_bf16x8` add the bf16 <-> float32 conversion into a local
 float32[8] array. The CUDA simulator runs no LLVM, so there the same contract is met with
-eight scalar accesses; the choice is made once, at import, as in `reduce.py`.
+eight scalar accesses (and `prefetch_l2` does nothing); the choice is made once, at import,
+as in `reduce.py`.
 """
 
 import numpy as np
@@ -77,7 +81,22 @@ def _wide_intrinsics():
 
         return types.void(row, index, words), codegen
 
-    return load_words, store_words
+    @intrinsic
+    def prefetch_l2(typingctx, row, index):
+        if not (is_contiguous_bf16_row(row) and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pointer = vector_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            address = builder.ptrtoint(pointer, ir.IntType(64))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), "prefetch.global.L2 [$0];", "l",
+                               side_effect=True)
+            builder.call(asm, [address])
+            return context.get_dummy_value()
+
+        return types.void(row, index), codegen
+
+    return load_words, store_words, prefetch_l2
 
 
 @cuda.jit(device=True)
@@ -97,10 +116,15 @@ def _store_words_scalar(row, index, words):
         row[index + 2 * k + 1] = np.uint16(words[k] >> np.uint32(16))
 
 
+@cuda.jit(device=True)
+def _prefetch_nothing(row, index):
+    pass
+
+
 if config.ENABLE_CUDASIM:
-    load_words, store_words = _load_words_scalar, _store_words_scalar
+    load_words, store_words, prefetch_l2 = _load_words_scalar, _store_words_scalar, _prefetch_nothing
 else:
-    load_words, store_words = _wide_intrinsics()
+    load_words, store_words, prefetch_l2 = _wide_intrinsics()
 
 
 # --8<-- [start:halves]
