@@ -113,6 +113,18 @@ def profile(data: dict, figures: Path) -> tuple[list[str], str]:
     return [], "\n\n".join(parts)
 
 
+def registers(data: dict, figures: Path) -> tuple[list[str], str]:
+    """Table only: what ptxas reports for each launch of a decode step."""
+    setup = (f"{data['model']}, batch {data['batch']}, context {data['context']}; "
+             f"ptxas: {data['toolchain']}.")  # fmt: skip
+    rows = [[row["operator"], f"`{row['kernel']}`", "x".join(str(g) for g in np.atleast_1d(row["grid"])),
+             str(row["block"]), row["registers"], f"{row['spill_store_bytes']} / {row['spill_load_bytes']}",
+             row["stack_bytes"], row["shared_bytes"], row["blocks_per_sm"]] for row in data["launches"]]  # fmt: skip
+    header = ["operator", "kernel", "grid", "block", "registers", "spill st / ld (B)", "stack (B)", "smem (B)",
+              "blocks / SM"]  # fmt: skip
+    return [], setup + "\n\n" + table(header, rows)
+
+
 def bars_line(bars: dict) -> str:
     if not bars:
         return ""
@@ -316,6 +328,7 @@ BENCHMARKS = (
     Benchmark("bench_throughput", "python -m perf.bench_throughput", throughput),
     Benchmark("bench_serve", "python -m perf.bench_serve", serve),
     Benchmark("profile_step", "python -m perf.profile_step", profile),
+    Benchmark("kernel_registers", "python -m perf.kernel_registers", registers),
 )
 
 
