@@ -20,8 +20,9 @@ thread, the bytes of spill stores and loads, the stack frame (local arrays the c
 kept in memory: a spill by another name) and the static shared memory; then how many of
 its blocks an SM holds at once, by registers, warps and shared memory.
 
-Matrix products run on the Numba GEMV, the kernel a graph-captured decode step uses at
-these batch sizes. Needs NVVM, NVRTC and ptxas from a CUDA toolkit (the GPU machine has
+Matrix products run on the Numba kernels (`linear_backend="numba"`): the GEMV up to 8
+rows of x, which the engine uses on the GPU at batch 1, then the tiled GEMM (past one
+row the engine's GPU default is cuBLAS, whose kernels ptxas never sees). Needs NVVM, NVRTC and ptxas from a CUDA toolkit (the GPU machine has
 them; elsewhere the nvidia-cuda-nvcc and nvidia-cuda-nvrtc wheels, with their lib
 folders on LD_LIBRARY_PATH and ptxas on PATH). Results go to
 perf/results/kernel_registers.json.
@@ -34,6 +35,7 @@ import re
 import subprocess
 import tempfile
 import types as pytypes
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -63,19 +65,19 @@ RESULTS = Path(__file__).resolve().parent / "results" / "kernel_registers.json"
 
 @dataclass
 class Launch:
-    operator: str
     kernel: str
-    grid: tuple
-    block: int
+    grid: int | tuple
+    block: int | tuple
     signature: tuple
-    py_func: object
+    py_func: Callable
     options: dict
+    operator: str = ""
 
 
 @contextlib.contextmanager
-def stand_in_h200(operator: list[str], launches: list[Launch]):
-    """Launchers see an H200 and their launches are recorded, labelled operator[0]; a host
-    array a launcher copies to the device stays where it is."""
+def stand_in_h200(launches: list[Launch]) -> Iterator[None]:
+    """Launchers see an H200 and their launches are recorded in `launches` instead of run;
+    a host array a launcher copies to the device stays where it is."""
 
     def configure(dispatcher, config):
         grid, block = config[0], config[1]
@@ -84,7 +86,7 @@ def stand_in_h200(operator: list[str], launches: list[Launch]):
         def launch(*args):
             signature = tuple(numba.typeof(arg) for arg in args)
             name = dispatcher.py_func.__qualname__.replace(".<locals>", "")
-            launches.append(Launch(operator[0], name, grid, block, signature, dispatcher.py_func, options))
+            launches.append(Launch(name, grid, block, signature, dispatcher.py_func, options))
 
         return launch
 
@@ -99,7 +101,7 @@ def stand_in_h200(operator: list[str], launches: list[Launch]):
     multiprocessors.multiprocessor_count.cache_clear()
 
 
-def decode_step(config: ModelConfig, batch: int, context: int):
+def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple[str, Callable[[], None]]]:
     """(operator, call) for one layer's and the step's ends' launchers, host arrays of the step's shapes."""
     hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     head_dim, vocab = config.head_dim, config.vocab_size
@@ -181,10 +183,13 @@ def main() -> None:
     parser.add_argument("--model", help="a model directory (config.json); default Llama 3.2 1B's shapes")
     args = parser.parse_args()
     config = load_config(args.model) if args.model else ModelConfig.from_dict(LLAMA_3_2_1B_CONFIG)
-    launches, operator = [], [""]
-    with stand_in_h200(operator, launches):
-        for operator[0], call in decode_step(config, args.batch, args.context):
+    launches = []
+    with stand_in_h200(launches):
+        for operator, call in decode_step(config, args.batch, args.context):
+            first = len(launches)
             call()
+            for launch in launches[first:]:
+                launch.operator = operator
         rows = []
         for launch in launches:
             report = assemble(launch)
