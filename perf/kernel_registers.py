@@ -48,12 +48,12 @@ from numba.cuda import dispatcher as cuda_dispatcher
 from perf.timing import result_header
 from tinyvllm.config import ModelConfig, load_config
 from tinyvllm.kernels import attention_split, embedding, multiprocessors, rmsnorm, rope, sampling
+from tinyvllm.kernels.attention_decode import REGISTER_FILE
 from tinyvllm.kernels.linear import linear, linear_silu_mul
 from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),
-                               MULTIPROCESSOR_COUNT=132)
-REGISTERS_PER_SM = 65536
+                               MULTIPROCESSOR_COUNT=multiprocessors.H200_SMS)
 REGISTER_UNIT = 256
 """Registers are handed to a warp in units of 256 (8 a thread)."""
 WARPS_PER_SM, BLOCKS_PER_SM = 64, 32
@@ -173,7 +173,7 @@ def resident_blocks(registers: int, threads: int, shared: int) -> int:
     warps = -(-threads // 32)
     per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
     by_shared = SHARED_PER_SM // (shared + SHARED_PER_BLOCK_RESERVED)
-    return min(REGISTERS_PER_SM // (per_warp * warps), WARPS_PER_SM // warps, by_shared, BLOCKS_PER_SM)
+    return min(REGISTER_FILE // (per_warp * warps), WARPS_PER_SM // warps, by_shared, BLOCKS_PER_SM)
 
 
 def main() -> None:
