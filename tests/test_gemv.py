@@ -20,6 +20,7 @@ from tinyvllm.kernels.gemv import (
     MAX_THREADS,
     MIN_THREADS,
     WIDE_OUTPUT,
+    UNROLLED_PRODUCTS,
     WORD_BUDGET,
     WORDS,
     gemv,
@@ -93,3 +94,4 @@ def test_gemv_launch_shape_follows_its_rule(k, n, m, num_sms):
     assert blocks == (min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups)
     assert 1 <= depth <= -(-chunks // threads)
     assert depth == 1 or (rows_per_block + m) * WORDS * depth <= WORD_BUDGET
+    assert depth == 1 or depth * rows_per_block * m <= UNROLLED_PRODUCTS

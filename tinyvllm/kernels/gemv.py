@@ -25,7 +25,8 @@ The launch shape (`launch_shape`) was measured on the H200 (`python -m perf.benc
 --sweep`, weights streamed through a graph with PDL): T is the largest power of two that
 leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 4 for
 rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth
-is all of a thread's chunks, as far as WORD_BUDGET registers hold them. On gate|up
+is all of a thread's chunks, as far as WORD_BUDGET registers hold them and NVVM still
+unrolls the products (UNROLLED_PRODUCTS, below). On gate|up
 (K = 2048, N = 8192) that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over
 2,048 row groups: 3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the
 former 64 x 2, 3.33); the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the
@@ -35,6 +36,15 @@ stream 2.76. Past M = 1 the grid is one block per row group and wide products ke
 rows a block: four rows and the capped grid were measured only at M = 1, and with four
 rows of W and four of X the register budget holds only three chunks at once (the gate|up
 product at M = 4 took 2.6 times as long).
+
+A thread's loaded chunks stay in registers only while NVVM unrolls the loops over them
+completely: every index into the chunk arrays must be a constant. It does so up to about
+36 (chunk slot, row of W, row of X) products a thread; past that the chunk-slot loop stays
+a loop, and its arrays are indexed at run time and live in local memory, which is device
+memory. Compiled for sm_90 (`python -m perf.kernel_registers --batch 4`), the down
+projection (four rows a block) kept a 288- to 384-byte stack frame at M = 4 to 8, where
+three or two chunk slots made 40 to 64 products. So depth is also capped at
+UNROLLED_PRODUCTS / (R x M).
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
@@ -84,6 +94,9 @@ BLOCKS_PER_SM = 8
 MAX_ROWS = 8
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
+UNROLLED_PRODUCTS = 32
+"""Chunk slots x rows of W x rows of X a thread may multiply: the loops NVVM unrolls
+completely, so that the chunks stay in registers (see above)."""
 
 
 @cuda.jit(device=True, inline=True)
@@ -234,7 +247,8 @@ def launch_shape(k: int, n: int, m: int, num_sms: int) -> tuple[int, int, int, i
     threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
     wide = m == 1 and n >= WIDE_OUTPUT
     rows_per_block = 4 if k > LONG_ROW or wide else 2
-    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS)))
+    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS),
+                       UNROLLED_PRODUCTS // (rows_per_block * m)))
     groups = -(-n // rows_per_block)
     blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
     return threads, rows_per_block, depth, blocks
