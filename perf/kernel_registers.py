@@ -25,7 +25,8 @@ rows of x, which the engine uses on the GPU at batch 1, then the tiled GEMM (pas
 row the engine's GPU default is cuBLAS, whose kernels ptxas never sees). Needs NVVM, NVRTC and ptxas from a CUDA toolkit (the GPU machine has
 them; elsewhere the nvidia-cuda-nvcc and nvidia-cuda-nvrtc wheels, with their lib
 folders on LD_LIBRARY_PATH and ptxas on PATH). Results go to
-perf/results/kernel_registers.json.
+perf/results/kernel_registers.json. `tests/test_kernel_registers.py` asserts through
+`compile_step` that no decode-step kernel keeps anything in local memory at batch 1 to 8.
 """
 
 import argparse
@@ -176,16 +177,12 @@ def resident_blocks(registers: int, threads: int, shared: int) -> int:
     return min(REGISTER_FILE // (per_warp * warps), WARPS_PER_SM // warps, by_shared, BLOCKS_PER_SM)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--model", help="a model directory (config.json); default Llama 3.2 1B's shapes")
-    args = parser.parse_args()
-    config = load_config(args.model) if args.model else ModelConfig.from_dict(LLAMA_3_2_1B_CONFIG)
+def compile_step(config: ModelConfig, batch: int, context: int) -> list[dict]:
+    """One row per kernel launch of the decode step: operator, kernel, grid, block, ptxas's
+    report (`assemble`) and the blocks an SM holds."""
     launches = []
     with stand_in_h200(launches):
-        for operator, call in decode_step(config, args.batch, args.context):
+        for operator, call in decode_step(config, batch, context):
             first = len(launches)
             call()
             for launch in launches[first:]:
@@ -197,6 +194,18 @@ def main() -> None:
             rows.append({"operator": launch.operator, "kernel": launch.kernel, "grid": launch.grid,
                          "block": launch.block, **report,
                          "blocks_per_sm": resident_blocks(report["registers"], threads, report["shared_bytes"])})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--model", help="a model directory (config.json); default Llama 3.2 1B's shapes")
+    args = parser.parse_args()
+    config = load_config(args.model) if args.model else ModelConfig.from_dict(LLAMA_3_2_1B_CONFIG)
+    rows = compile_step(config, args.batch, args.context)
+    with stand_in_h200([]):
         header = result_header()
     print(f"{'operator':<18} {'kernel':<34} {'grid':>14} {'block':>5} {'regs':>4} {'spill st/ld':>11} "
           f"{'stack':>5} {'smem':>6} {'blocks/SM':>9}")
