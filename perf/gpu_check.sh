@@ -36,7 +36,8 @@ for stage in $stages; do
         --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py \
         --ignore=tests/test_docs.py --ignore=tests/test_reference_forward.py ;;
     kernels)
-      for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done ;;
+      for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
+      if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     engine)
       run python3 -m perf.bench_decode
       run python3 -m perf.bench_throughput ;;
