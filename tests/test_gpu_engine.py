@@ -99,7 +99,9 @@ def test_logits_as_close_to_float32_as_the_bf16_reference(smollm2, linear_backen
 def test_abort_frees_blocks_on_gpu(gpu_llm):
     engine = gpu_llm.engine
     keep = engine.add_request("Count from one to ten.", SamplingParams(temperature=0.0, max_tokens=8))
-    drop = engine.add_request("Tell me a long story.", SamplingParams(temperature=0.0, max_tokens=200))
+    # EOS ignored: SmolLM2's first token after this prompt is a near-tie between EOS and a
+    # word (logits 18.38 and 18.39 on the H200), and the request must still be running.
+    drop = engine.add_request("Tell me a long story.", SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
     engine.step()
     engine.step()
     used = engine.scheduler.allocator.num_used
