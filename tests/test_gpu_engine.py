@@ -155,6 +155,7 @@ def test_soak_thousand_requests_with_preemption_and_aborts(smollm2):
 def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
     """Decode steps replayed from CUDA graphs (batch sizes padded up to their bucket)
     produce exactly the eager engine's tokens, greedy and seeded sampling alike."""
+    assert_no_leak(gpu_llm)  # a request an earlier test left behind would join these batches
     assert gpu_llm.engine.runner.graphs is not None
     eager = LLM(smollm2, backend="cuda", max_model_len=2048, num_blocks=4096, enforce_eager=True)
     assert eager.engine.runner.graphs is None
