@@ -38,7 +38,7 @@ from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels.bf16 import from_bf16
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import STORES, gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole
+from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole, store_sums
 from tinyvllm.kernels.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.pdl import programmatic_launches
 
@@ -105,7 +105,7 @@ def streamed_tbps(launch, weights: list, repeats: int) -> float:
 
 def gemv_shaped(threads: int, rows: int, depth: int, blocks_per_sm: int | None):
     """The M = 1 GEMV launched with another block shape and grid (bf16 out), for the sweep."""
-    kernel = gemv_kernel(1, read_chunk_whole, STORES[np.dtype(np.uint16)], threads, rows, depth)
+    kernel = gemv_kernel(1, read_chunk_whole, store_sums(STORES[np.dtype(np.uint16)], 1, rows), threads, rows, depth)
 
     def launch(x, weight, out, *, stream=0):
         groups = -(-weight.shape[0] // rows)

@@ -50,7 +50,7 @@ from perf.timing import result_header
 from tinyvllm.config import ModelConfig, load_config
 from tinyvllm.kernels import attention_split, embedding, multiprocessors, rmsnorm, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
-from tinyvllm.kernels.linear import linear, linear_silu_mul
+from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),
@@ -133,7 +133,10 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     yield "embedding", lambda: embedding.embedding(int32(batch), bf16(vocab, hidden), residual)
     yield "rmsnorm", lambda: rmsnorm.rmsnorm(residual, norm_weight, eps, normed)
     yield "add_rmsnorm", lambda: rmsnorm.rmsnorm(x, norm_weight, eps, normed, residual=residual)
-    yield "linear (q|k|v)", lambda: linear(normed, bf16(qkv.shape[1], hidden), qkv, backend="numba")
+    yield "linear_rope_write_kv", lambda: linear_rope_write_kv(
+        normed, bf16(qkv.shape[1], hidden), qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache,
+        backend="numba",
+    )
     yield "rope_write_kv", lambda: rope.rope_write_kv(qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache)
     yield "decode_attention", lambda: attention_split.decode_attention(
         q, k_cache, v_cache, tables, lens, attn, workspace

@@ -41,7 +41,7 @@ from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
 OPERATORS = frozenset({
-    "embedding", "gather_rows", "rmsnorm", "linear", "rope_write_kv", "linear_silu_mul",
+    "embedding", "gather_rows", "rmsnorm", "linear", "linear_rope_write_kv", "linear_silu_mul",
     "prefill_attention", "decode_attention", "sample",
 })
 HOLD_US = 100_000
@@ -71,7 +71,7 @@ class TimedBackend:
 
 
 def _label(name: str, args: tuple) -> str:
-    if name in ("linear", "linear_silu_mul"):
+    if name in ("linear", "linear_silu_mul", "linear_rope_write_kv"):
         n, k = args[1].shape
         return f"{name} {k}->{n}"
     return name

@@ -23,7 +23,7 @@ OUTPUTS = {
     "gather_rows": ("out",),
     "rmsnorm": ("out", "residual"),
     "linear": ("out",),
-    "rope_write_kv": ("q", "k_cache", "v_cache"),
+    "linear_rope_write_kv": ("q", "k_cache", "v_cache"),
     "linear_silu_mul": ("out",),
     "prefill_attention": ("out",),
     "decode_attention": ("out",),
@@ -34,7 +34,9 @@ PARAMETERS = {
     "gather_rows": ("indices", "source", "out"),
     "rmsnorm": ("x", "weight", "eps", "out", "residual"),
     "linear": ("x", "weight", "out"),
-    "rope_write_kv": ("qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache"),
+    "linear_rope_write_kv": (
+        "x", "weight", "qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache"
+    ),
     "linear_silu_mul": ("x", "weight", "gate_up", "out"),
     "prefill_attention": ("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens", "out"),
     "decode_attention": ("q", "k_cache", "v_cache", "block_tables", "context_lens", "out", "scratch"),

@@ -105,7 +105,11 @@ class NumpyBackend:
     def linear(self, x, weight, out) -> None:
         self._write(out, reference.linear(self._read(x), weight))
 
-    def rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
+    def linear_rope_write_kv(self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
+        self.linear(x, weight, qkv)
+        self._rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache)
+
+    def _rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
         """reference.rope_write_kv, rounding the rotated q and k heads once, as the kernel
         stores them; the value heads go to the cache as they are."""
         num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]

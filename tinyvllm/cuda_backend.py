@@ -20,10 +20,9 @@ from tinyvllm.kernels import (
     multiprocessors,
     pdl,
     rmsnorm,
-    rope,
     sampling,
 )
-from tinyvllm.kernels.linear import linear, linear_silu_mul
+from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -151,8 +150,9 @@ class CudaBackend:
     def linear(self, x, weight, out) -> None:
         linear(x, weight, out, backend=self.linear_backend, stream=self.stream)
 
-    def rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
-        rope.rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=self.stream)
+    def linear_rope_write_kv(self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
+        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
+                             backend=self.linear_backend, stream=self.stream)
 
     def linear_silu_mul(self, x, weight, gate_up, out) -> None:
         linear_silu_mul(x, weight, gate_up, out, backend=self.linear_backend, stream=self.stream)

@@ -5,7 +5,8 @@ per decoding sequence), then the prefill chunks. For each layer:
 
     h = rmsnorm(residual += x)                       (fused add + norm)
     [q | k | v] = h [Wq | Wk | Wv]^T                 (q, k and v as one GEMM)
-    q = rope(q);  cache[slot] = rope(k), v           (rotary embedding + paged KV write, fused)
+    q = rope(q);  cache[slot] = rope(k), v           (rotary embedding + paged KV write, fused;
+                                                      in the GEMV's store when it runs)
     a = attention(q, cache)                          (paged decode | flash prefill)
     x = a Wo^T
     h = rmsnorm(residual += x)
@@ -143,8 +144,9 @@ class LlamaModel:
                 ops.rmsnorm(residual, layer.input_norm, eps, normed)
             else:
                 ops.rmsnorm(x, layer.input_norm, eps, normed, residual=residual)
-            ops.linear(normed, layer.qkv_proj, qkv)
-            ops.rope_write_kv(qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache)
+            ops.linear_rope_write_kv(
+                normed, layer.qkv_proj, qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache
+            )
             if num_decode:
                 ops.decode_attention(
                     decode_q, k_cache, v_cache, decode_tables, decode_lens, decode_attn, ws.decode_scratch

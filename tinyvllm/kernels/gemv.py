@@ -106,23 +106,41 @@ def read_chunk_whole(array, row, col):
 
 
 # --8<-- [start:kernel]
+@cuda.jit(device=True, inline=True)
+def consecutive_rows(n0, r):
+    """Row r of the group that starts at row n0: the rows of W in order."""
+    return n0 + r
+
+
 @functools.cache
-def gemv_kernel(
-    m_rows: int,
-    read_chunk,
-    store,
-    threads: int,
-    rows_per_block: int,
-    depth: int,
-    gated: bool = False,
-):
-    """The kernel for exactly m_rows rows of X, one chunk reader and one output store,
-    for blocks of `threads` threads (a power of two) that load `depth` chunks a thread
-    before using any; `gated` stores silu(gate) * up of each pair of rows
-    (rows_per_block even) instead of both sums."""
+def store_sums(store, m_rows: int, rows_per_block: int):
+    """The plain epilogue: thread v stores sum v (W row n0 + v // M, X row v % M) to `out`."""
     sums = rows_per_block * m_rows
 
-    def chunk_fetcher(rows):
+    @cuda.jit(device=True, inline=True)
+    def epilogue(partials, tid, n0, out):
+        row = n0 + tid // m_rows
+        if tid < sums and row < out.shape[1]:
+            store(out, tid % m_rows, row, partials[tid, 0])
+
+    return epilogue
+
+
+@functools.cache
+def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block: int, depth: int,
+                weight_row=consecutive_rows):
+    """The kernel for exactly m_rows rows of X and one chunk reader, for blocks of `threads`
+    threads (a power of two) that load `depth` chunks a thread before using any.
+
+    A block's group of rows_per_block rows starts at n0 (a multiple of rows_per_block); its
+    row r is W's row weight_row(n0, r). After the block's reduction, partials[r * M + m, 0]
+    holds the sum of that row with X row m, and `epilogue(partials, tid, n0, out)` stores
+    what the block owns: sums as they are (`store_sums`), silu(gate) * up (`gemv_silu_mul`),
+    or rotated q and k heads and the KV cache rows (`gemv_rope.py`).
+    """
+    sums = rows_per_block * m_rows
+
+    def chunk_fetcher(rows, row_of):
         @cuda.jit(device=True, inline=True)
         def fetch(array, first_row, chunk, num_chunks, words_out):
             """Issue the loads of `rows` rows of array from first_row, for chunk slots
@@ -132,14 +150,14 @@ def gemv_kernel(
             for d in range(depth):
                 col = min(chunk + d * threads, num_chunks - 1) * VECTOR
                 for r in range(rows):
-                    words = read_chunk(array, min(first_row + r, last_row), col)
+                    words = read_chunk(array, min(row_of(first_row, r), last_row), col)
                     for i in range(WORDS):
                         words_out[d, r, i] = words[i]
 
         return fetch
 
-    fetch_weight = chunk_fetcher(rows_per_block)
-    fetch_x = chunk_fetcher(m_rows)
+    fetch_weight = chunk_fetcher(rows_per_block, weight_row)
+    fetch_x = chunk_fetcher(m_rows, consecutive_rows)
 
     @cuda.jit(device=True, inline=True)
     def accumulate(d, w_words, x_words, acc):
@@ -153,8 +171,8 @@ def gemv_kernel(
                 acc[r, m] = total
 
     @cuda.jit(device=True, inline=True)
-    def reduce_and_store(acc, partials, tid, n0, out):
-        """Sum every thread's acc across the block and store the block's outputs."""
+    def reduce(acc, partials, tid):
+        """Sum every thread's acc across the block: partials[r * M + m, 0] holds the totals."""
         for r in range(rows_per_block):
             for m in range(m_rows):
                 partials[r * m_rows + m, tid] = acc[r, m]
@@ -166,18 +184,6 @@ def gemv_kernel(
                     partials[v, tid] += partials[v, tid + stride]
             cuda.syncthreads()
             stride //= 2
-        if gated:
-            pair = tid // m_rows
-            m = tid % m_rows
-            row = n0 // 2 + pair
-            if tid < sums // 2 and row < out.shape[1]:
-                gate = bf16_to_f32(f32_to_bf16(partials[2 * pair * m_rows + m, 0]))
-                up = bf16_to_f32(f32_to_bf16(partials[(2 * pair + 1) * m_rows + m, 0]))
-                store(out, m, row, silu_times(gate, up))
-        else:
-            row = n0 + tid // m_rows
-            if tid < sums and row < out.shape[1]:
-                store(out, tid % m_rows, row, partials[tid, 0])
 
     @cuda.jit
     def gemv(x, weight, out):
@@ -213,7 +219,8 @@ def gemv_kernel(
             next_n0 = n0 + group_stride
             if next_n0 < weight.shape[0] and tid < num_chunks:
                 fetch_weight(weight, next_n0, tid, num_chunks, w_words)
-            reduce_and_store(acc, partials, tid, n0, out)
+            reduce(acc, partials, tid)
+            epilogue(partials, tid, n0, out)
             n0 = next_n0
             if n0 < weight.shape[0]:
                 cuda.syncthreads()  # before the next group writes partials again
@@ -225,17 +232,18 @@ def gemv_kernel(
 def gemv(x, weight, out, *, stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T for M <= MAX_ROWS, one pass over weight."""
     check_linear(x, weight, out)
-    _launch(x, weight, out, STORES[np.dtype(out.dtype)], False, stream)
+    launch(x, weight, out, functools.partial(store_sums, STORES[np.dtype(out.dtype)]), stream=stream)
 
 
-def _launch(x, weight, out, store, gated: bool, stream) -> None:
-    """The kernel for x's row count over all of weight's rows (operands already checked)."""
+def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, stream=0) -> None:
+    """The kernel for x's row count over all of weight's rows (operands already checked);
+    make_epilogue(M, rows_per_block) gives its epilogue for the launch shape chosen."""
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
     read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
     threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count())
-    kernel = gemv_kernel(m, read_chunk, store, threads, rows_per_block, depth, gated)
+    kernel = gemv_kernel(m, read_chunk, make_epilogue(m, rows_per_block), threads, rows_per_block, depth, weight_row)
     kernel[blocks, threads, stream](x, weight, out)
 
 
@@ -254,6 +262,26 @@ def launch_shape(k: int, n: int, m: int, num_sms: int) -> tuple[int, int, int, i
     return threads, rows_per_block, depth, blocks
 
 
+@functools.cache
+def store_silu_mul(m_rows: int, rows_per_block: int):
+    """SwiGLU's epilogue: rows 2j and 2j + 1 of a group are a (gate, up) pair; thread
+    (pair, m) stores silu(gate) * up, both sums rounded to bf16 first as the unfused path
+    stores them."""
+    pairs = rows_per_block // 2 * m_rows
+
+    @cuda.jit(device=True, inline=True)
+    def epilogue(partials, tid, n0, out):
+        pair = tid // m_rows
+        m = tid % m_rows
+        row = n0 // 2 + pair
+        if tid < pairs and row < out.shape[1]:
+            gate = bf16_to_f32(f32_to_bf16(partials[2 * pair * m_rows + m, 0]))
+            up = bf16_to_f32(f32_to_bf16(partials[(2 * pair + 1) * m_rows + m, 0]))
+            store_bf16(out, m, row, silu_times(gate, up))
+
+    return epilogue
+
+
 def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
     """out[M, I] = silu(gate) * up of x[M, K] @ weight[2I, K]^T, whose rows interleave gate and up.
 
@@ -264,5 +292,4 @@ def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
     check_array("weight", weight, np.uint16, (2 * intermediate, k))
     if min(m, intermediate, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, I={intermediate}, K={k})")
-    _launch(x, weight, out, store_bf16, True, stream)
-
+    launch(x, weight, out, store_silu_mul, stream=stream)

@@ -9,9 +9,10 @@
               else "numba"
 
 The product is arithmetic-bound only when x has many rows; for a handful of rows (decode)
-it is bound by reading W, which is what the GEMV kernel is built for. `linear_silu_mul`
-is the MLP's gate|up product with SwiGLU's activation after it, fused into the GEMV's
-store where the GEMV runs.
+it is bound by reading W, which is what the GEMV kernel is built for. Two products take
+the next operator with them, fused into the GEMV's store where the GEMV runs:
+`linear_silu_mul` is the MLP's gate|up product with SwiGLU's activation, and
+`linear_rope_write_kv` the attention block's q|k|v product with RoPE and the KV write.
 """
 
 import numpy as np
@@ -21,6 +22,8 @@ from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemm import check_linear, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_silu_mul
+from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
+from tinyvllm.kernels.rope import check_rope_targets, rope_write_kv
 
 GEMV_ROWS = MAX_ROWS
 """"numba" uses the GEMV kernel up to this many rows of x (confirm with perf/bench_gemm.py)."""
@@ -72,3 +75,25 @@ def linear_silu_mul(x, weight, gate_up, out, *, backend: str = "auto", stream=0)
     else:
         LAUNCHERS[backend](x, weight, gate_up, stream=stream)
         silu_mul(gate_up, out, stream=stream)
+
+
+def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
+                         backend: str = "auto", stream=0) -> None:
+    """q, k_cache and v_cache as `rope.rope_write_kv` writes them from qkv = x @ weight^T.
+
+    The GEMV turns the pairs in its store (`gemv_rope.gemv_rope_write_kv`) and leaves qkv
+    alone; the other kernels write the product to qkv[M, N] (bf16), and `rope_write_kv`
+    reads it from there.
+    """
+    m, k = check_array("x", x, np.uint16, (None, None))
+    n, _ = check_array("weight", weight, np.uint16, (None, k))
+    check_array("qkv", qkv, np.uint16, (m, n))
+    check_rope_targets(m, n, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
+    if min(m, k) == 0:
+        raise ValueError(f"linear: empty operand (M={m}, N={n}, K={k})")
+    backend = choose_backend(backend, m)
+    if backend == "gemv":
+        gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)
+    else:
+        LAUNCHERS[backend](x, weight, qkv, stream=stream)
+        rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)

@@ -150,6 +150,22 @@ def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *
     """Rotate the q and k parts of qkv [T, (Hq + 2 Hkv) * D] by positions int32[T]; write q
     [T, Hq, D], and k and v into k_cache, v_cache [NB, BS, Hkv, D] at slot_mapping int32[T]."""
     num_tokens, width = check_rows_of_eight("qkv", qkv, (None, None))
+    _, num_q_heads, head_dim = check_rope_targets(num_tokens, width, positions, inv_freq, slot_mapping, q, k_cache,
+                                                  v_cache)
+    if num_tokens == 0:
+        return
+    num_kv_heads = k_cache.shape[2]
+    chunks = head_dim // (2 * VECTOR)
+    heads_per_step = max(1, min(num_q_heads + 2 * num_kv_heads, MAX_THREADS // chunks))
+    _rope_write_kv_kernel[num_tokens, (chunks, heads_per_step), stream](
+        qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache
+    )
+
+
+def check_rope_targets(num_tokens: int, width: int, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
+                       product: str = "qkv") -> tuple[int, int, int]:
+    """Validate what RoPE + KV write reads and writes for a q|k|v product of num_tokens
+    rows of `width` features (named `product` in errors); returns q's shape (T, Hq, D)."""
     _, num_q_heads, head_dim = check_rows_of_eight("q", q, (num_tokens, None, None))
     if head_dim % (2 * VECTOR) or head_dim > MAX_HEAD_DIM:
         raise ValueError(f"q: head_dim {head_dim} must be a multiple of {2 * VECTOR} and at most {MAX_HEAD_DIM}")
@@ -157,15 +173,9 @@ def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *
     check_rows_of_eight("v_cache", v_cache, (num_blocks, block_size, num_kv_heads, head_dim))
     if width != (num_q_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(
-            f"qkv: width {width}, expected (Hq + 2 Hkv) * D = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
+            f"{product}: {width} q|k|v features, expected (Hq + 2 Hkv) * D = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
         )
     check_array("positions", positions, np.int32, (num_tokens,))
     check_array("inv_freq", inv_freq, np.float32, (head_dim // 2,))
     check_array("slot_mapping", slot_mapping, np.int32, (num_tokens,))
-    if num_tokens == 0:
-        return
-    chunks = head_dim // (2 * VECTOR)
-    heads_per_step = max(1, min(num_q_heads + 2 * num_kv_heads, MAX_THREADS // chunks))
-    _rope_write_kv_kernel[num_tokens, (chunks, heads_per_step), stream](
-        qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache
-    )
+    return num_tokens, num_q_heads, head_dim
