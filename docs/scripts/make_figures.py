@@ -342,9 +342,10 @@ def pending(bench: Benchmark) -> str:
 
 def results_page(bench: Benchmark, data: dict, names: list[str], body: str) -> str:
     images = "\n\n".join(f"![{bench.name}: {name}](figures/{name})" for name in names)
+    note = f" {data['note']}" if "note" in data else ""
     return (
         f"Measured on **{data['device']}**, {data['date']}, git `{data['git_rev']}`, by\n"
-        f"`{data['command']}`.\n\n{images}\n\n{body}\n"
+        f"`{data['command']}`.{note}\n\n{images}\n\n{body}\n"
     )
 
 
