@@ -53,7 +53,8 @@ device-memory bandwidth, and no barrier is needed before the loop starts.
 Each thread ends with R x M partial dot products. They are summed across the block in
 one shared-memory tree for all of them at once: log2(T) barriers in total, where
 `reduce.block_sum` would take two barriers per sum (and the simulator pays dearly for
-every barrier). Thread v then writes sum v.
+every barrier). Then the kernel's *epilogue* stores what the block owns: in the plain
+product (`store_sums`) thread v writes sum v.
 
 M is a compile-time constant (one kernel per M, built on first use), so the accumulators
 stay in registers; past M = 8 they and the loaded chunks would no longer fit, which is why
@@ -65,7 +66,8 @@ pairs, and after the reduction the block holds both factors of each output it ow
 stores silu(gate) * up instead of the two sums: the activation's own kernel, and the
 round trip of the 2I-wide product through device memory, drop out of the step. The sums
 are rounded to bf16 first, as the unfused path stores them, so that both paths give the
-same bits.
+same bits. RoPE and the KV write go into the q|k|v product's store the same way
+(`gemv_rope.py`), with the rows of W taken in RoPE's pairs (the kernel's `weight_row`).
 """
 
 import functools
