@@ -210,12 +210,12 @@ def main() -> None:
     rows = compile_step(config, args.batch, args.context)
     with stand_in_h200([]):
         header = result_header()
-    print(f"{'operator':<18} {'kernel':<34} {'grid':>14} {'block':>5} {'regs':>4} {'spill st/ld':>11} "
+    print(f"{'operator':<20} {'kernel':<34} {'grid':>14} {'block':>5} {'regs':>4} {'spill st/ld':>11} "
           f"{'stack':>5} {'smem':>6} {'blocks/SM':>9}")
     for row in rows:
         grid = "x".join(str(g) for g in np.atleast_1d(row["grid"]))
         spills = f"{row['spill_store_bytes']}/{row['spill_load_bytes']}"
-        print(f"{row['operator']:<18} {row['kernel'][:34]:<34} {grid:>14} {str(row['block']):>5} {row['registers']:>4} "
+        print(f"{row['operator']:<20} {row['kernel'][:34]:<34} {grid:>14} {str(row['block']):>5} {row['registers']:>4} "
               f"{spills:>11} {row['stack_bytes']:>5} {row['shared_bytes']:>6} {row['blocks_per_sm']:>9}")
     toolchain = subprocess.run(["ptxas", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     payload = {**header, "toolchain": toolchain, "model": args.model or "llama-3.2-1b shapes", "batch": args.batch,
