@@ -58,14 +58,14 @@ _OCCUPANCY = {} if config.ENABLE_CUDASIM else {"launch_bounds": (THREADS, 2)}
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
 
-def check_linear(x, weight, out) -> tuple[int, int, int]:
-    """Validate Y = X W^T's operands for every backend; return (M, N, K)."""
+def check_linear(x, weight, out, out_name: str = "out") -> tuple[int, int, int]:
+    """Validate Y = X W^T's operands for every backend (Y named out_name in errors); return (M, N, K)."""
     m, k = check_array("x", x, np.uint16, (None, None))
     n, _ = check_array("weight", weight, np.uint16, (None, k))
     out_dtype = np.dtype(getattr(out, "dtype", np.uint16))
     if out_dtype not in OUTPUT_DTYPES:
-        raise ValueError(f"out: expected dtype uint16 (bf16) or float32, got {out_dtype}")
-    check_array("out", out, out_dtype, (m, n))
+        raise ValueError(f"{out_name}: expected dtype uint16 (bf16) or float32, got {out_dtype}")
+    check_array(out_name, out, out_dtype, (m, n))
     if min(m, n, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, N={n}, K={k})")
     return m, n, k

@@ -99,7 +99,7 @@ def gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache,
     m, k = check_array("x", x, np.uint16, (None, None))
     width, _ = check_array("weight", weight, np.uint16, (None, k))
     _, _, head_dim = check_rope_targets(m, width, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
-    if min(m, k) == 0:
+    if min(m, width, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, N={width}, K={k})")
     out = (q, k_cache, v_cache, positions, inv_freq, slot_mapping)
     launch(x, weight, out, functools.partial(store_rope_write_kv, head_dim), rotation_pairs(head_dim), stream=stream)

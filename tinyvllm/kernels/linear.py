@@ -85,12 +85,9 @@ def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k
     alone; the other kernels write the product to qkv[M, N] (bf16), and `rope_write_kv`
     reads it from there.
     """
-    m, k = check_array("x", x, np.uint16, (None, None))
-    n, _ = check_array("weight", weight, np.uint16, (None, k))
+    m, n, _ = check_linear(x, weight, qkv, "qkv")
     check_array("qkv", qkv, np.uint16, (m, n))
     check_rope_targets(m, n, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
-    if min(m, k) == 0:
-        raise ValueError(f"linear: empty operand (M={m}, N={n}, K={k})")
     backend = choose_backend(backend, m)
     if backend == "gemv":
         gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)
