@@ -113,6 +113,13 @@ def profile(data: dict, figures: Path) -> tuple[list[str], str]:
     return [], "\n\n".join(parts)
 
 
+def ablation(data: dict, figures: Path) -> tuple[list[str], str]:
+    """Table only: the decode graph with each operator left out."""
+    setup = f"{data['model']}, batch 1, context {data['context']}."
+    rows = [[row["variant"], number(row["graph_us"]), number(row["cost_us"])] for row in data["rows"]]
+    return [], setup + "\n\n" + table(["variant", "graph µs", "cost µs"], rows)
+
+
 def registers(data: dict, figures: Path) -> tuple[list[str], str]:
     """Table only: what ptxas reports for each launch of a decode step."""
     setup = (f"{data['model']}, batch {data['batch']}, context {data['context']}; "
@@ -328,6 +335,7 @@ BENCHMARKS = (
     Benchmark("bench_throughput", "python -m perf.bench_throughput", throughput),
     Benchmark("bench_serve", "python -m perf.bench_serve", serve),
     Benchmark("profile_step", "python -m perf.profile_step", profile),
+    Benchmark("ablate_step", "python -m perf.ablate_step", ablation),
     Benchmark("kernel_registers", "python -m perf.kernel_registers", registers),
 )
 
