@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import SIMULATOR, assert_no_leak
 from tests.operator_check import OPERATOR_TOLERANCE, all_outputs, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
+from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir, save_bytes_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +61,32 @@ SIMULATOR_OVERRIDES = {
 """Smaller still for the simulator, which runs a Python thread per CUDA thread."""
 
 
+ENGINE_SIMULATOR_OVERRIDES = {**SIMULATOR_OVERRIDES, "hidden_size": 16, "intermediate_size": 16, "vocab_size": 128}
+"""Smaller again for the engine test under the simulator, where a step costs about what its
+tiled GEMMs' 256-thread blocks do, one K step of 16 and one 128-wide N tile at a time: one
+K step for each product but the attention output's (two, at two 16-wide query heads over
+one KV head), and a one-tile LM head. The kernels at SIMULATOR_OVERRIDES' sizes (two to
+four K steps, a ragged three-tile LM head) are compared operator by operator in the next
+test."""
+
+
 def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model, tmp_path):
     """The real kernels (simulated here, on the GPU on the H200) against the NumPy backend
     storing activations as bf16 like the kernels do: the same greedy tokens as one request
-    at a time, in continuous and static batches and under preemption. The simulator gets a
-    one-layer model, two requests sized so that the third step must preempt (one block
-    each, then a second for the first request), and the tiled GEMM (the GEMV's 256-thread
-    blocks cost more there); the GPU takes twelve requests on the tiny model."""
+    at a time, in continuous and static batches and under preemption. The GPU takes twelve
+    requests on the tiny model. The simulator gets a one-layer model barely large enough
+    for GQA (ENGINE_SIMULATOR_OVERRIDES), the tiled GEMM (the GEMV's 256-thread blocks
+    cost more there), and two requests of one full block and two tokens each: a batched
+    prefill and a batched decode, seven forward passes for the three engines. In the
+    two-block arena the decode must preempt (each request needs a second block), and the
+    preempted request's recompute spans two blocks. max_model_len 128 keeps decode
+    attention split (two partitions; eight at the default 512, each a block of 128
+    threads)."""
     if SIMULATOR:
-        model = make_random_llama_dir(tmp_path / "sim", tokenizer="bytes", config_overrides=SIMULATOR_OVERRIDES)
-        prompts, params = [[3, 1, 4], [9, 2, 6]], [_greedy(3), _greedy(3)]
-        limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16}
+        tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", ENGINE_SIMULATOR_OVERRIDES["vocab_size"] - 8)
+        model = make_random_llama_dir(tmp_path / "sim", tokenizer=tokenizer, config_overrides=ENGINE_SIMULATOR_OVERRIDES)
+        prompts, params = [[3, 1, 4, 1], [9, 2, 6, 5]], [_greedy(2), _greedy(2)]
+        limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 128}
         cramped_blocks = 2
     else:
         model, prompts = tiny_model, _prompts(12, seed=5)

