@@ -11,7 +11,12 @@ import pytest
 from tests.helpers import SIMULATOR, assert_no_leak
 from tests.operator_check import OPERATOR_TOLERANCE, all_outputs, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir, save_bytes_tokenizer
+from tinyvllm.testing import (
+    BYTES_SPECIAL_TOKENS,
+    TINY_OVERRIDES,
+    make_random_llama_dir,
+    save_bytes_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,9 @@ def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model, tmp_p
     attention split (two partitions; eight at the default 512, each a block of 128
     threads)."""
     if SIMULATOR:
-        tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", ENGINE_SIMULATOR_OVERRIDES["vocab_size"] - 8)
-        model = make_random_llama_dir(tmp_path / "sim", tokenizer=tokenizer, config_overrides=ENGINE_SIMULATOR_OVERRIDES)
+        overrides = ENGINE_SIMULATOR_OVERRIDES
+        tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS))
+        model = make_random_llama_dir(tmp_path / "sim", tokenizer=tokenizer, config_overrides=overrides)
         prompts, params = [[3, 1, 4, 1], [9, 2, 6, 5]], [_greedy(2), _greedy(2)]
         limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 128}
         cramped_blocks = 2
