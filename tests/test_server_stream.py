@@ -77,3 +77,22 @@ def test_streamed_deltas_add_up_to_the_stopped_text(engine, seed, position, leng
     assert finish_reasons[-1] == final.finish_reason and not any(finish_reasons[:-1])
     if include_usage:
         assert chunks[-1]["usage"]["completion_tokens"] == len(final.token_ids)
+
+
+def test_each_event_is_one_line_whatever_the_text_holds(engine):
+    """Characters that str.splitlines and httpx's line reader take for line ends (U+2028,
+    U+2029, U+0085, CR) arrive escaped: every event is one `data:` line and a blank one."""
+    params = dataclasses.replace(engine.default_sampling_params(), max_tokens=4, ignore_eos=True)
+    final = every_output(engine, params)[-1]
+    text = "a\u2028b\u2029c\x85d\re\nf \u00e9\u2603"
+    generation = GenerationRequest(PROMPT, params, stream=True, include_usage=False, prompt_field="prompt")
+
+    async def collect():
+        head = response_head(CompletionsAPI, "id", "model", chunk=True)
+        outputs = replay([dataclasses.replace(final, text=text)])
+        return [event async for event in stream_events(CompletionsAPI, head, outputs, generation)]
+
+    events = asyncio.run(collect())
+    for event in events:
+        assert event.decode().splitlines() == [event.decode().removesuffix("\n\n"), ""], event
+    assert json.loads(events[0].removeprefix(b"data: "))["choices"][0]["text"] == text

@@ -209,7 +209,9 @@ async def stream_events(
 
 
 def _event(value: dict) -> bytes:
-    return b"data: " + json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    # ASCII-only JSON: raw U+2028, U+2029 and U+0085 in generated text end a line for the line
+    # readers many SSE clients use (str.splitlines, httpx's aiter_lines) and cut the event.
+    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
 
 
 class _EventStream(StreamingResponse):
