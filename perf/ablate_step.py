@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from perf.models import model_dir
-from perf.profile_step import graph_us
+from perf.profile_step import graph_us, run_prefills
 from perf.timing import result_header
 from tinyvllm.engine import LLMEngine
 from tinyvllm.kernels import attention_split
@@ -90,8 +90,7 @@ def main() -> None:
     engine = LLMEngine(model_dir(args.model), max_model_len=2048, num_blocks=2000, max_num_seqs=1)
     prompt = np.random.default_rng(0).integers(0, engine.config.vocab_size, args.context).tolist()
     engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True), final_only=True)
-    for _ in range(6):
-        engine.step()
+    run_prefills(engine)
     rows = ablate(engine, args.partitions)
     print(f"\n{args.model}, batch 1, context {args.context}")
     print(f"{'variant':<32} {'graph us':>9} {'cost us':>8}")

@@ -140,14 +140,19 @@ def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
     ]
 
 
+def run_prefills(engine: LLMEngine) -> None:
+    """Step until every admitted request has its prompt computed: each next step decodes them all."""
+    scheduler = engine.scheduler
+    while scheduler.waiting or any(seq.num_computed_tokens < seq.num_tokens - 1 for seq in scheduler.running):
+        engine.step()
+
+
 def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=5 * REPEATS + 8, ignore_eos=True)
     vocab = engine.config.vocab_size
     ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params, final_only=True)
            for _ in range(batch_size)]
-    scheduler = engine.scheduler
-    while scheduler.waiting or any(seq.num_computed_tokens < seq.num_tokens - 1 for seq in scheduler.running):
-        engine.step()
+    run_prefills(engine)
     summary, operators = operator_times(engine)
     graph = graph_us(engine, batch_size)
     wall = step_wall_us(engine)
