@@ -250,7 +250,7 @@ def _random_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) ->
 
 def save_bytes_tokenizer(path: str | Path, num_bytes: int) -> Path:
     """The "bytes" tokenizer cut to bytes 0..num_bytes-1 (the special tokens right after them),
-    saved as a tokenizer.json for make_random_llama_dir: num_bytes + 8 tokens in all."""
+    saved as a tokenizer.json for make_random_llama_dir: num_bytes + len(BYTES_SPECIAL_TOKENS) tokens."""
     _bytes_tokenizer(num_bytes).save(str(path))
     return Path(path)
 
