@@ -48,9 +48,10 @@ from numba.cuda import dispatcher as cuda_dispatcher
 
 from perf.timing import result_header
 from tinyvllm.config import ModelConfig, load_config
-from tinyvllm.kernels import attention_split, embedding, multiprocessors, rmsnorm, rope, sampling
+from tinyvllm.kernels import attention_split, embedding, multiprocessors, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
+from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),
@@ -113,7 +114,7 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     def int32(*shape):
         return np.zeros(shape, np.int32)
 
-    x, residual, normed = bf16(batch, hidden), bf16(batch, hidden), bf16(batch, hidden)
+    residual, normed = bf16(batch, hidden), bf16(batch, hidden)
     qkv, q = bf16(batch, config.q_size + 2 * config.kv_size), bf16(batch, heads, head_dim)
     attn = bf16(batch, heads, head_dim)
     gate_up, act = bf16(batch, 2 * config.intermediate_size), bf16(batch, config.intermediate_size)
@@ -127,25 +128,25 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
                          np.float32)
     logits = np.empty((batch, vocab), np.float32)
     parts = sampling.sample_workspace_shape(batch, vocab)
-    norm_weight, eps = bf16(hidden), config.rms_norm_eps
+    norm = RMSNorm(bf16(hidden), config.rms_norm_eps, normed)
     params = (np.ones(batch, np.float32), np.full(batch, -1, np.int32), np.ones(batch, np.float32),
               np.zeros(batch, np.uint64), np.zeros(batch, np.int64))
     yield "embedding", lambda: embedding.embedding(int32(batch), bf16(vocab, hidden), residual)
-    yield "rmsnorm", lambda: rmsnorm.rmsnorm(residual, norm_weight, eps, normed)
-    yield "add_rmsnorm", lambda: rmsnorm.rmsnorm(x, norm_weight, eps, normed, residual=residual)
     yield "linear_rope_write_kv", lambda: linear_rope_write_kv(
-        normed, bf16(qkv.shape[1], hidden), qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache,
-        backend="numba",
+        residual, bf16(qkv.shape[1], hidden), qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache,
+        norm=norm, backend="numba",
     )
     yield "rope_write_kv", lambda: rope.rope_write_kv(qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache)
     yield "decode_attention", lambda: attention_split.decode_attention(
         q, k_cache, v_cache, tables, lens, attn, workspace
     )
-    yield "linear (o)", lambda: linear(attn.reshape(batch, -1), bf16(hidden, config.q_size), x, backend="numba")
-    yield "linear_silu_mul", lambda: linear_silu_mul(normed, bf16(gate_up.shape[1], hidden), gate_up, act,
-                                                     backend="numba")
-    yield "linear (down)", lambda: linear(act, bf16(hidden, config.intermediate_size), x, backend="numba")
-    yield "linear (lm head)", lambda: linear(normed, bf16(vocab, hidden), logits, backend="numba")
+    yield "linear (o)", lambda: linear(attn.reshape(batch, -1), bf16(hidden, config.q_size), residual,
+                                       accumulate=True, backend="numba")
+    yield "linear_silu_mul", lambda: linear_silu_mul(residual, bf16(gate_up.shape[1], hidden), gate_up, act,
+                                                     norm=norm, backend="numba")
+    yield "linear (down)", lambda: linear(act, bf16(hidden, config.intermediate_size), residual, accumulate=True,
+                                          backend="numba")
+    yield "linear (lm head)", lambda: linear(residual, bf16(vocab, hidden), logits, norm=norm, backend="numba")
     yield "sample", lambda: sampling.sample(logits, *params, int32(batch), np.empty(parts, np.float32),
                                             np.empty(parts, np.int32))
 

@@ -16,12 +16,12 @@ import numpy as np
 from tests.helpers import relative_error
 from tinyvllm.backend import NumpyBackend
 from tinyvllm.kernels.bf16 import from_bf16
+from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.sampling_params import SamplingParams
 
 OUTPUTS = {
     "embedding": ("out",),
     "gather_rows": ("out",),
-    "rmsnorm": ("out", "residual"),
     "linear": ("out",),
     "linear_rope_write_kv": ("q", "k_cache", "v_cache"),
     "linear_silu_mul": ("out",),
@@ -32,21 +32,28 @@ OUTPUTS = {
 PARAMETERS = {
     "embedding": ("token_ids", "table", "out"),
     "gather_rows": ("indices", "source", "out"),
-    "rmsnorm": ("x", "weight", "eps", "out", "residual"),
-    "linear": ("x", "weight", "out"),
+    "linear": ("x", "weight", "out", "norm", "accumulate"),
     "linear_rope_write_kv": (
-        "x", "weight", "qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache"
+        "x", "weight", "qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache", "norm"
     ),
-    "linear_silu_mul": ("x", "weight", "gate_up", "out"),
+    "linear_silu_mul": ("x", "weight", "gate_up", "out", "norm"),
     "prefill_attention": ("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens", "out"),
     "decode_attention": ("q", "k_cache", "v_cache", "block_tables", "context_lens", "out", "scratch"),
 }
+NORMED = " (normed)"
+"""Appended to an operator's name in the errors when it applies the RMSNorm before its product."""
+ACCUMULATED = " (+=)"
+"""Appended when it adds its product to the residual stream."""
+ALWAYS_NORMED = ("linear_rope_write_kv", "linear_silu_mul")
 WEIGHTS = ("table", "weight")
 """Arguments that the GPU holds as bf16 bits and the NumPy backend as float32."""
 
 
 def _host(value):
-    """A host copy of an array (device or host); scalars and None as they are."""
+    """A host copy of an array (device or host) or of a norm's arrays, its gain widened
+    as the NumPy backend holds weights; scalars and None as they are."""
+    if isinstance(value, RMSNorm):
+        return RMSNorm(from_bf16(_host(value.weight)), value.eps, _host(value.normed))
     if hasattr(value, "copy_to_host"):
         return value.copy_to_host()
     return value.copy() if isinstance(value, np.ndarray) else value
@@ -64,7 +71,8 @@ class OperatorCheck:
         self.backend = backend
         self.reference = NumpyBackend("bf16")
         self.worst: dict[tuple[str, str], float] = {}
-        """(operator, output) -> the largest relative error seen."""
+        """(operator, output) -> the largest relative error seen; "linear (normed)" for a
+        product that applies the norm before it, "linear (+=)" for one added to out."""
 
     def __getattr__(self, name: str):
         operator = getattr(self.backend, name)
@@ -87,13 +95,24 @@ class OperatorCheck:
                 if arguments.get(output) is None:
                     continue
                 error = relative_error(_widen(_host(arguments[output])), _widen(inputs[output]))
-                key = (name, output)
+                label = name + (NORMED if arguments.get("norm") is not None else "")
+                key = (label + (ACCUMULATED if arguments.get("accumulate") else ""), output)
                 self.worst[key] = max(self.worst.get(key, 0.0), error)
 
         return checked
 # --8<-- [end:check]
 
 
+FUSED_TOLERANCE = 1e-2
+"""For the products that apply the norm or add to the residual. A product that applies
+the RMSNorm itself (the GEMV) multiplies by the normed row as float32, where the bf16
+reference rounds it to bf16 first (as the norm's own kernel does before cuBLAS or the
+tiled GEMM): on SmolLM2 the norm's gain makes a few channels large, their rounding does
+not average out, and the H200 measured 4.1e-3 to 6.1e-3 between the two. The residual
+stream has a few channels hundreds of times larger than the rest, so one ulp of one of
+them (2^-8 to 2^-7 of it) is up to 7.8e-3 of the row: cuBLAS adding its product with
+beta = 1 rounds differently from the reference, 4.0e-3 on the H200. A product of the
+un-normed row, or one not added, is off by far more."""
 OPERATOR_TOLERANCE = 2e-3
 """A correct kernel differs from the bf16 reference by rare one-ulp roundings (a bf16 ulp
 is 2^-8 of the value, 3.9e-3): on SmolLM2 the H200 measured 6.3e-4 at most. An error of
@@ -118,4 +137,13 @@ def worst_operator_errors(llm, prompts: list[list[int]], max_tokens: int) -> dic
 
 
 def all_outputs() -> set[tuple[str, str]]:
-    return {(name, output) for name, outputs in OUTPUTS.items() for output in outputs}
+    """Every (operator, output) of a forward pass: the layers' products that apply the
+    norm, the o and down projections that add to the residual, and the LM head."""
+    names = {name: [name + NORMED] if name in ALWAYS_NORMED else [name] for name in OUTPUTS}
+    names["linear"] = ["linear" + ACCUMULATED, "linear" + NORMED]
+    return {(label, output) for name, outputs in OUTPUTS.items() for label in names[name] for output in outputs}
+
+
+def within_tolerance(worst: dict[tuple[str, str], float]) -> bool:
+    return all(error <= (OPERATOR_TOLERANCE if name in OUTPUTS else FUSED_TOLERANCE)
+               for (name, _), error in worst.items())

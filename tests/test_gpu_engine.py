@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_no_leak, next_token_logits, relative_error
-from tests.operator_check import OPERATOR_TOLERANCE, all_outputs, worst_operator_errors
+from tests.operator_check import all_outputs, within_tolerance, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.default_model import default_model_dir
 
@@ -73,7 +73,7 @@ def test_every_operator_matches_the_bf16_reference_on_its_own_inputs(smollm2, li
     worst = worst_operator_errors(llm, prompts, max_tokens=4)
     print(linear_backend, {f"{name}.{output}": f"{error:.1e}" for (name, output), error in worst.items()})
     assert set(worst) == all_outputs()
-    assert max(worst.values()) <= OPERATOR_TOLERANCE
+    assert within_tolerance(worst), worst
 
 
 @pytest.mark.parametrize("linear_backend", ["auto", "numba"])

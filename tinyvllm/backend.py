@@ -94,19 +94,21 @@ class NumpyBackend:
     def gather_rows(self, indices, source, out) -> None:
         out[...] = source[indices]
 
-    def rmsnorm(self, x, weight, eps, out, residual=None) -> None:
-        if residual is None:
-            self._write(out, reference.rmsnorm(self._read(x), weight, eps))
-            return
-        summed = self._read(residual) + self._read(x)
-        self._write(residual, summed)
-        self._write(out, reference.rmsnorm(self._read(residual), weight, eps))
+    def _normed_rows(self, x, norm):
+        """x, or with `norm` its rows normed into norm.normed (rounded as stored)."""
+        if norm is None:
+            return self._read(x)
+        self._write(norm.normed, reference.rmsnorm(self._read(x), norm.weight, norm.eps))
+        return self._read(norm.normed)
 
-    def linear(self, x, weight, out) -> None:
-        self._write(out, reference.linear(self._read(x), weight))
+    def linear(self, x, weight, out, norm=None, accumulate=False) -> None:
+        product = reference.linear(self._normed_rows(x, norm), weight)
+        self._write(out, self._read(out) + product if accumulate else product)
 
-    def linear_rope_write_kv(self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
-        self.linear(x, weight, qkv)
+    def linear_rope_write_kv(
+        self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=None
+    ) -> None:
+        self.linear(x, weight, qkv, norm)
         self._rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache)
 
     def _rope_write_kv(self, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
@@ -121,8 +123,8 @@ class NumpyBackend:
         values = heads[:, num_q_heads + num_kv_heads :]
         reference.write_kv(rotated[:, num_q_heads:], values, k_cache, v_cache, slot_mapping)
 
-    def linear_silu_mul(self, x, weight, gate_up, out) -> None:
-        self.linear(x, weight, gate_up)
+    def linear_silu_mul(self, x, weight, gate_up, out, norm=None) -> None:
+        self.linear(x, weight, gate_up, norm)
         self._write(out, reference.silu_mul(self._read(gate_up)))
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:

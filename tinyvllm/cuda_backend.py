@@ -19,7 +19,6 @@ from tinyvllm.kernels import (
     embedding,
     multiprocessors,
     pdl,
-    rmsnorm,
     sampling,
 )
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -144,18 +143,17 @@ class CudaBackend:
     def gather_rows(self, indices, source, out) -> None:
         embedding.embedding(indices, source, out, stream=self.stream)
 
-    def rmsnorm(self, x, weight, eps, out, residual=None) -> None:
-        rmsnorm.rmsnorm(x, weight, eps, out, residual=residual, stream=self.stream)
+    def linear(self, x, weight, out, norm=None, accumulate=False) -> None:
+        linear(x, weight, out, norm=norm, accumulate=accumulate, backend=self.linear_backend, stream=self.stream)
 
-    def linear(self, x, weight, out) -> None:
-        linear(x, weight, out, backend=self.linear_backend, stream=self.stream)
-
-    def linear_rope_write_kv(self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache) -> None:
-        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
+    def linear_rope_write_kv(
+        self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=None
+    ) -> None:
+        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm,
                              backend=self.linear_backend, stream=self.stream)
 
-    def linear_silu_mul(self, x, weight, gate_up, out) -> None:
-        linear_silu_mul(x, weight, gate_up, out, backend=self.linear_backend, stream=self.stream)
+    def linear_silu_mul(self, x, weight, gate_up, out, norm=None) -> None:
+        linear_silu_mul(x, weight, gate_up, out, norm=norm, backend=self.linear_backend, stream=self.stream)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(

@@ -1,19 +1,21 @@
 """The Llama forward pass, written as operator calls on a backend.
 
 One step runs a packed batch of T tokens from S sequences: first the decode tokens (one
-per decoding sequence), then the prefill chunks. For each layer:
+per decoding sequence), then the prefill chunks. The embeddings start the residual
+stream, and each layer adds its two sublayers' outputs to it:
 
-    h = rmsnorm(residual += x)                       (fused add + norm)
-    [q | k | v] = h [Wq | Wk | Wv]^T                 (q, k and v as one GEMM)
+    [q | k | v] = rmsnorm(residual) [Wq | Wk | Wv]^T  (q, k and v as one GEMM)
     q = rope(q);  cache[slot] = rope(k), v           (rotary embedding + paged KV write, fused;
                                                       in the GEMV's store when it runs)
     a = attention(q, cache)                          (paged decode | flash prefill)
-    x = a Wo^T
-    h = rmsnorm(residual += x)
-    x = (silu(h Wg^T) * h Wu^T) Wd^T                 (gate and up as one GEMM, rows interleaved)
+    residual += a Wo^T                               (the add in the product's store)
+    h = rmsnorm(residual)
+    residual += (silu(h Wg^T) * h Wu^T) Wd^T         (gate and up as one GEMM, rows interleaved)
 
-and at the end only the rows that sample are gathered, normed and projected to float32
-logits. All intermediate buffers are allocated once (`Workspace`) for the largest step
+Each norm travels with the product that reads it (`RMSNorm`): the GEMV applies it as it
+multiplies, the other kernels read rows the norm's own kernel wrote to `normed`. At the
+end only the rows that sample are gathered, normed and projected to float32 logits.
+All intermediate buffers are allocated once (`Workspace`) for the largest step
 and sliced per step, so a step allocates no device memory and can be graph-captured.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from tinyvllm.config import ModelConfig
 from tinyvllm.kernels.activation import interleave_rows
+from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.kernels.rope import rope_inv_freq
 
 
@@ -72,7 +75,6 @@ class Workspace:
     def __init__(self, backend, config: ModelConfig, max_tokens: int, max_sampled: int):
         dtype = backend.activation_dtype
         hidden = config.hidden_size
-        self.hidden = backend.empty((max_tokens, hidden), dtype)
         self.residual = backend.empty((max_tokens, hidden), dtype)
         self.normed = backend.empty((max_tokens, hidden), dtype)
         qkv_heads = config.num_attention_heads + 2 * config.num_key_value_heads
@@ -81,7 +83,6 @@ class Workspace:
         self.attn = backend.empty((max_tokens, config.num_attention_heads, config.head_dim), dtype)
         self.gate_up = backend.empty((max_tokens, 2 * config.intermediate_size), dtype)
         self.act = backend.empty((max_tokens, config.intermediate_size), dtype)
-        self.sampled_hidden = backend.empty((max_sampled, hidden), dtype)
         self.sampled_residual = backend.empty((max_sampled, hidden), dtype)
         self.sampled_normed = backend.empty((max_sampled, hidden), dtype)
         self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
@@ -126,7 +127,7 @@ class LlamaModel:
         # Views are made once per step, outside the layer loop: on the GPU each costs tens
         # of microseconds of Python, as much as a kernel launch.
         rows = ops.prefix
-        x, residual, normed = rows(ws.hidden, tokens), rows(ws.residual, tokens), rows(ws.normed, tokens)
+        residual, normed = rows(ws.residual, tokens), rows(ws.normed, tokens)
         qkv, q, attn = rows(ws.qkv, tokens), rows(ws.q, tokens), rows(ws.attn, tokens)
         gate_up, act = rows(ws.gate_up, tokens), rows(ws.act, tokens)
         flat_attn = attn.reshape(tokens, -1)
@@ -139,13 +140,10 @@ class LlamaModel:
             prefill_tables, prefill_lens = step.block_tables[sequences], step.context_lens[sequences]
 
         ops.embedding(step.token_ids, self.embed_tokens, residual)
-        for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            if index == 0:
-                ops.rmsnorm(residual, layer.input_norm, eps, normed)
-            else:
-                ops.rmsnorm(x, layer.input_norm, eps, normed, residual=residual)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             ops.linear_rope_write_kv(
-                normed, layer.qkv_proj, qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache
+                residual, layer.qkv_proj, qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache,
+                RMSNorm(layer.input_norm, eps, normed),
             )
             if num_decode:
                 ops.decode_attention(
@@ -155,16 +153,15 @@ class LlamaModel:
                 ops.prefill_attention(
                     prefill_q, k_cache, v_cache, prefill_tables, step.prefill_cu_seqlens, prefill_lens, prefill_attn
                 )
-            ops.linear(flat_attn, layer.o_proj, x)
-            ops.rmsnorm(x, layer.post_attention_norm, eps, normed, residual=residual)
-            ops.linear_silu_mul(normed, layer.gate_up_proj, gate_up, act)
-            ops.linear(act, layer.down_proj, x)
+            ops.linear(flat_attn, layer.o_proj, residual, accumulate=True)
+            ops.linear_silu_mul(
+                residual, layer.gate_up_proj, gate_up, act, RMSNorm(layer.post_attention_norm, eps, normed)
+            )
+            ops.linear(act, layer.down_proj, residual, accumulate=True)
 
-        sampled_x, sampled_residual = rows(ws.sampled_hidden, num_sampled), rows(ws.sampled_residual, num_sampled)
-        sampled_normed, logits = rows(ws.sampled_normed, num_sampled), rows(ws.logits, num_sampled)
-        ops.gather_rows(step.sample_rows, x, sampled_x)
+        sampled_residual, logits = rows(ws.sampled_residual, num_sampled), rows(ws.logits, num_sampled)
         ops.gather_rows(step.sample_rows, residual, sampled_residual)
-        ops.rmsnorm(sampled_x, self.norm, eps, sampled_normed, residual=sampled_residual)
-        ops.linear(sampled_normed, self.lm_head, logits)
+        sampled_normed = rows(ws.sampled_normed, num_sampled)
+        ops.linear(sampled_residual, self.lm_head, logits, RMSNorm(self.norm, eps, sampled_normed))
         return logits
     # --8<-- [end:forward]

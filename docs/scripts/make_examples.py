@@ -205,7 +205,7 @@ def rope_bands() -> str:
     return "\n".join(lines) + "\n"
 
 
-OPERATORS = ("embedding", "rmsnorm", "linear", "linear_rope_write_kv", "decode_attention", "prefill_attention",
+OPERATORS = ("embedding", "linear", "linear_rope_write_kv", "decode_attention", "prefill_attention",
              "linear_silu_mul", "gather_rows", "sample", "upload_bytes")  # fmt: skip
 
 

@@ -5,7 +5,7 @@
 The engine computes the gate and up projections as one GEMM against the two weight
 matrices with their rows interleaved (gate row j, then up row j), so its output holds
 each output's gate and up side by side on the last axis, 2I wide. The interleaving is
-what lets the batch-1 GEMV fuse this activation into its store (`gemv.gemv_silu_mul`):
+what lets the batch-1 GEMV fuse this activation into its store (`gemv_silu.gemv_silu_mul`):
 a block's rows come in (gate, up) pairs, so each block holds both factors of the outputs
 it owns. This kernel is the unfused path, after cuBLAS or the tiled GEMM.
 

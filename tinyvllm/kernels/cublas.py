@@ -10,6 +10,8 @@ row-major Y[M, N]:
 
     cublasGemmEx(h, T, N, m=N, n=M, k=K, 1, W, bf16, K, X, bf16, K, 0, Y, bf16|f32, N, f32)
 
+(with beta 1 instead of 0 to accumulate: Y += the product).
+
 CuPy's own binding refuses to run while a stream is being captured into a CUDA graph, so
 this module calls the C library directly through ctypes. It uses the very libcublas that
 CuPy loaded: the symbols are looked up through CuPy's cuBLAS extension module, whose
@@ -122,9 +124,10 @@ def stream_pointer(stream) -> int:
 
 
 # --8<-- [start:gemm-ex]
-def cublas_gemm(x, weight, out, *, stream=0) -> None:
-    """out[M, N] = x[M, K] @ weight[N, K]^T with cublasGemmEx; any CUDA-array-interface arrays."""
-    m, n, k = check_linear(x, weight, out)
+def cublas_gemm(x, weight, out, *, accumulate: bool = False, stream=0) -> None:
+    """out[M, N] = x[M, K] @ weight[N, K]^T with cublasGemmEx; any CUDA-array-interface arrays.
+    With `accumulate`, out += the product (beta = 1; bf16 out only)."""
+    m, n, k = check_linear(x, weight, out, accumulate=accumulate)
     blas = _cublas()
     blas.use_stream(stream_pointer(stream))
     blas.call(
@@ -142,7 +145,7 @@ def cublas_gemm(x, weight, out, *, stream=0) -> None:
         data_pointer(x),
         CUDA_R_16BF,
         k,
-        ctypes.byref(_ZERO),
+        ctypes.byref(_ONE if accumulate else _ZERO),
         data_pointer(out),
         OUTPUT_TYPES[np.dtype(out.dtype)],
         n,

@@ -1,6 +1,7 @@
 """The matrix product of a linear layer, tiled for large M (prefill).
 
     Y[M, N] = X[M, K] @ W[N, K]^T        (X, W bf16; accumulate in float32; Y bf16 or float32)
+    Y[M, N] += X[M, K] @ W[N, K]^T       (`accumulate`: Y bf16, the sum rounded once)
 
 W keeps HF's [out_features, in_features] orientation, so both operands are read along K.
 
@@ -32,7 +33,7 @@ import functools
 import numpy as np
 from numba import config, cuda, float32
 
-from tinyvllm.kernels.bf16 import f32_to_bf16
+from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.vector_io import ALIGNMENT_BYTES, VECTOR, data_address, high_half, load_words, low_half
@@ -58,13 +59,16 @@ _OCCUPANCY = {} if config.ENABLE_CUDASIM else {"launch_bounds": (THREADS, 2)}
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
 
-def check_linear(x, weight, out, out_name: str = "out") -> tuple[int, int, int]:
-    """Validate Y = X W^T's operands for every backend (Y named out_name in errors); return (M, N, K)."""
+def check_linear(x, weight, out, out_name: str = "out", accumulate: bool = False) -> tuple[int, int, int]:
+    """Validate Y = X W^T's operands for every backend (Y named out_name in errors; bf16 if
+    the product is added to it); return (M, N, K)."""
     m, k = check_array("x", x, np.uint16, (None, None))
     n, _ = check_array("weight", weight, np.uint16, (None, k))
     out_dtype = np.dtype(getattr(out, "dtype", np.uint16))
     if out_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"{out_name}: expected dtype uint16 (bf16) or float32, got {out_dtype}")
+    if accumulate and out_dtype != np.uint16:
+        raise ValueError(f"{out_name}: accumulating into it needs dtype uint16 (bf16), got {out_dtype}")
     check_array(out_name, out, out_dtype, (m, n))
     if min(m, n, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, N={n}, K={k})")
@@ -81,7 +85,18 @@ def store_f32(out, row, col, value):
     out[row, col] = value
 
 
+@cuda.jit(device=True, inline=True)
+def add_bf16(out, row, col, value):
+    """out += value, rounded once: how a sublayer's output joins the residual stream."""
+    out[row, col] = f32_to_bf16(bf16_to_f32(out[row, col]) + value)
+
+
 STORES = {np.dtype(np.uint16): store_bf16, np.dtype(np.float32): store_f32}
+
+
+def store_for(out, accumulate: bool):
+    """The epilogue's store into out (checked by `check_linear`): add_bf16 to accumulate."""
+    return add_bf16 if accumulate else STORES[np.dtype(out.dtype)]
 
 
 @cuda.jit(device=True, inline=True)
@@ -206,10 +221,11 @@ def gemm_kernel(read_chunk, store):
 # --8<-- [end:kernel]
 
 
-def gemm(x, weight, out, *, stream=0) -> None:
-    """out[M, N] = x[M, K] @ weight[N, K]^T with the tiled kernel (any shape; best for large M)."""
-    m, n, _ = check_linear(x, weight, out)
+def gemm(x, weight, out, *, accumulate: bool = False, stream=0) -> None:
+    """out[M, N] = x[M, K] @ weight[N, K]^T with the tiled kernel (any shape; best for large M);
+    with `accumulate`, out += the product."""
+    m, n, _ = check_linear(x, weight, out, accumulate=accumulate)
     read_chunk = read_chunk_aligned if rows_of_eight(x, weight) else read_chunk_ragged
-    kernel = gemm_kernel(read_chunk, STORES[np.dtype(out.dtype)])
+    kernel = gemm_kernel(read_chunk, store_for(out, accumulate))
     grid = ((n + BLOCK_N - 1) // BLOCK_N, (m + BLOCK_M - 1) // BLOCK_M)
     kernel[grid, THREADS, stream](x, weight, out)

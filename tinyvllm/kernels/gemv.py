@@ -1,6 +1,8 @@
 """The matrix product for a few rows of X (decode): a matrix-vector product, memory-bound.
 
     Y[M, N] = X[M, K] @ W[N, K]^T        (M <= MAX_ROWS; X, W bf16; float32 sums)
+    Y[M, N] = rmsnorm(X) @ W^T           (`norm`: the RMSNorm before the product, below)
+    Y[M, N] += X @ W^T                   (`accumulate`: a sublayer's output into the residual)
 
 With M this small each weight is used only M times after it is read, so the kernel runs
 at the speed W streams out of device memory: every byte of W is read once, in 16-byte
@@ -56,31 +58,40 @@ one shared-memory tree for all of them at once: log2(T) barriers in total, where
 every barrier). Then the kernel's *epilogue* stores what the block owns: in the plain
 product (`store_sums`) thread v writes sum v.
 
+RMSNorm in the product. A Llama block normalises the residual stream before its q|k|v and
+its gate|up products, and the final norm comes before the LM head:
+
+    rmsnorm(x) @ W^T = r * (x * g) @ W^T,        r = 1 / sqrt(mean_k(x[k]^2) + eps)
+
+so the kernel reads the residual row x itself, multiplies each chunk by the gain g as it
+multiplies, and adds the chunk's squares to one more running sum per row of X. That sum
+goes through the block's reduction with the others, and the thread that finishes the
+reduction scales the block's sums by r before the epilogue reads them. No barrier comes
+before the loop and no normalised row is stored: the norm's own kernel and its round trip
+through memory drop out of the step. Its sums differ from the unfused path's only in that
+the normalised row is never rounded to bf16. The residual add that used to come with the
+norm goes into the store of the product before it (`accumulate`): each block loads the
+residual elements its sums go to when it starts a row group, and stores their sum in place.
+
+Two products take the operator after them into their store: SwiGLU (`gemv_silu.py`) and
+RoPE with the KV write (`gemv_rope.py`).
+
 M is a compile-time constant (one kernel per M, built on first use), so the accumulators
 stay in registers; past M = 8 they and the loaded chunks would no longer fit, which is why
 MAX_ROWS is 8.
-
-SwiGLU in the store (`gemv_silu_mul`). The MLP's gate|up weight interleaves its rows
-(gate row j, then up row j: `activation.py`), so a block's R rows are whole (gate, up)
-pairs, and after the reduction the block holds both factors of each output it owns. It
-stores silu(gate) * up instead of the two sums: the activation's own kernel, and the
-round trip of the 2I-wide product through device memory, drop out of the step. The sums
-are rounded to bf16 first, as the unfused path stores them, so that both paths give the
-same bits. RoPE and the KV write go into the q|k|v product's store the same way
-(`gemv_rope.py`), with the rows of W taken in RoPE's pairs (the kernel's `weight_row`).
 """
 
 import functools
+import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import config, cuda, float32, uint32
 
-from tinyvllm.kernels.activation import silu_times
-from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight, store_bf16
+from tinyvllm.kernels.bf16 import bf16_to_f32
+from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight
 from tinyvllm.kernels.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm
 from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 MIN_THREADS = 64
@@ -94,6 +105,8 @@ WIDE_OUTPUT wide at M = 1; others two."""
 BLOCKS_PER_SM = 8
 """At M = 1, the grid's size per SM past which blocks loop over row groups."""
 MAX_ROWS = 8
+SIMULATOR = config.ENABLE_CUDASIM
+"""The simulator takes no launch bounds."""
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
 UNROLLED_PRODUCTS = 32
@@ -130,17 +143,23 @@ def store_sums(store, m_rows: int, rows_per_block: int):
 
 @functools.cache
 def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block: int, depth: int,
-                weight_row=consecutive_rows):
+                weight_row=consecutive_rows, normalize: bool = False, accumulate: bool = False):
     """The kernel for exactly m_rows rows of X and one chunk reader, for blocks of `threads`
-    threads (a power of two) that load `depth` chunks a thread before using any.
+    threads (a power of two) that load `depth` chunks a thread before using any:
+    gemv(x, weight, out), or with `normalize` gemv(x, gain, eps, weight, out), the product
+    of rmsnorm(x) * gain (the gain a [1, K] matrix). With `accumulate` (for `store_sums`
+    only), thread v's sum v starts from the element of out that it is stored to.
 
     A block's group of rows_per_block rows starts at n0 (a multiple of rows_per_block); its
     row r is W's row weight_row(n0, r). After the block's reduction, partials[r * M + m, 0]
     holds the sum of that row with X row m, and `epilogue(partials, tid, n0, out)` stores
-    what the block owns: sums as they are (`store_sums`), silu(gate) * up (`gemv_silu_mul`),
+    what the block owns: sums as they are (`store_sums`), silu(gate) * up (`gemv_silu.py`),
     or rotated q and k heads and the KV cache rows (`gemv_rope.py`).
     """
     sums = rows_per_block * m_rows
+    totals = sums + m_rows if normalize else sums
+    """Partial sums a thread contributes to the reduction: the products, then normalizing
+    each X row's sum of squares."""
 
     def chunk_fetcher(rows, row_of):
         @cuda.jit(device=True, inline=True)
@@ -160,60 +179,89 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
 
     fetch_weight = chunk_fetcher(rows_per_block, weight_row)
     fetch_x = chunk_fetcher(m_rows, consecutive_rows)
+    fetch_gain = chunk_fetcher(1, consecutive_rows)
 
     @cuda.jit(device=True, inline=True)
-    def accumulate(d, w_words, x_words, acc):
-        """acc[r, m] += W row r . X row m over chunk slot d's eight columns."""
+    def multiply_add(d, w_words, x_words, g_words, acc, squares):
+        """acc[r, m] += W row r . X row m over chunk slot d's eight columns; normalizing, X
+        row m times the gain, and squares[m] += the squares of X row m's eight."""
         for m in range(m_rows):
-            for r in range(rows_per_block):
-                total = acc[r, m]
-                for i in range(WORDS):
-                    total += low_half(w_words[d, r, i]) * low_half(x_words[d, m, i])
-                    total += high_half(w_words[d, r, i]) * high_half(x_words[d, m, i])
-                acc[r, m] = total
+            for i in range(WORDS):
+                low, high = low_half(x_words[d, m, i]), high_half(x_words[d, m, i])
+                if normalize:
+                    squares[m] += low * low + high * high
+                    low *= low_half(g_words[d, 0, i])
+                    high *= high_half(g_words[d, 0, i])
+                for r in range(rows_per_block):
+                    acc[r, m] += low_half(w_words[d, r, i]) * low
+                    acc[r, m] += high_half(w_words[d, r, i]) * high
 
     @cuda.jit(device=True, inline=True)
-    def reduce(acc, partials, tid):
-        """Sum every thread's acc across the block: partials[r * M + m, 0] holds the totals."""
+    def reduce(acc, squares, partials, tid, eps, k):
+        """Sum every thread's acc (and squares) across the block: partials[r * M + m, 0]
+        holds the totals, normalizing already scaled by X row m's 1 / rms."""
         for r in range(rows_per_block):
             for m in range(m_rows):
                 partials[r * m_rows + m, tid] = acc[r, m]
+        if normalize:
+            for m in range(m_rows):
+                partials[sums + m, tid] = squares[m]
         cuda.syncthreads()
         stride = threads // 2
         while stride > 0:
             if tid < stride:
-                for v in range(sums):
+                for v in range(totals):
                     partials[v, tid] += partials[v, tid + stride]
+            if normalize and stride == 1 and tid == 0:
+                for m in range(m_rows):
+                    scale = float32(1.0) / math.sqrt(partials[sums + m, 0] / k + eps)
+                    for r in range(rows_per_block):
+                        partials[r * m_rows + m, 0] *= scale
             cuda.syncthreads()
             stride //= 2
 
-    @cuda.jit
-    def gemv(x, weight, out):
-        partials = cuda.shared.array((sums, threads), float32)
+    @cuda.jit(device=True, inline=True)
+    def run(x, gain, eps, weight, out):
+        partials = cuda.shared.array((totals, threads), float32)
         acc = cuda.local.array((rows_per_block, m_rows), float32)
+        squares = cuda.local.array(m_rows, float32)
         w_words = cuda.local.array((depth, rows_per_block, WORDS), uint32)
         x_words = cuda.local.array((depth, m_rows, WORDS), uint32)
+        g_words = cuda.local.array((depth, 1, WORDS), uint32)
+        k = float32(x.shape[1])
         tid = np.uint32(cuda.threadIdx.x)
         num_chunks = np.uint32((x.shape[1] + VECTOR - 1) // VECTOR)
         group_stride = np.uint32(cuda.gridDim.x) * rows_per_block
         n0 = np.uint32(cuda.blockIdx.x) * rows_per_block
         # A thread's loads all go out before its first multiply, so it waits for device
         # memory once per `depth` chunks. No kernel writes W: its first loads go out even
-        # before the kernel ahead (which writes X) has finished (`pdl`).
+        # before the kernel ahead (which writes X) has finished (`pdl`). The gain is a
+        # weight too; a thread whose chunks all fit in one pass keeps its chunks of the
+        # gain for every row group.
+        one_pass = num_chunks <= depth * threads
         allow_dependent_launch()
         if tid < num_chunks:
             fetch_weight(weight, n0, tid, num_chunks, w_words)
+            if normalize:
+                fetch_gain(gain, 0, tid, num_chunks, g_words)
         wait_for_prior_grid()
         while n0 < weight.shape[0]:
-            for r in range(rows_per_block):
-                for m in range(m_rows):
+            # What the sum adds to is loaded now, so that the store does not wait for it.
+            prior = float32(0.0)
+            if accumulate and tid < sums and n0 + tid // m_rows < out.shape[1]:
+                prior = bf16_to_f32(out[tid % m_rows, n0 + tid // m_rows])
+            for m in range(m_rows):
+                squares[m] = float32(0.0)
+                for r in range(rows_per_block):
                     acc[r, m] = float32(0.0)
             chunk = tid
             while chunk < num_chunks:
                 fetch_x(x, 0, chunk, num_chunks, x_words)
+                if normalize and not (one_pass and chunk == tid):
+                    fetch_gain(gain, 0, chunk, num_chunks, g_words)
                 for d in range(depth):
                     if chunk + d * threads < num_chunks:
-                        accumulate(d, w_words, x_words, acc)
+                        multiply_add(d, w_words, x_words, g_words, acc, squares)
                 chunk += depth * threads
                 if chunk < num_chunks:
                     fetch_weight(weight, n0, chunk, num_chunks, w_words)
@@ -221,77 +269,76 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
             next_n0 = n0 + group_stride
             if next_n0 < weight.shape[0] and tid < num_chunks:
                 fetch_weight(weight, next_n0, tid, num_chunks, w_words)
-            reduce(acc, partials, tid)
+            reduce(acc, squares, partials, tid, eps, k)
+            if accumulate and tid < sums:
+                partials[tid, 0] += prior  # read back by this thread alone (`store_sums`)
             epilogue(partials, tid, n0, out)
             n0 = next_n0
             if n0 < weight.shape[0]:
                 cuda.syncthreads()  # before the next group writes partials again
 
+    # At M = 1 a thread gets at most 128 registers (those of an SM over BLOCKS_PER_SM x
+    # MIN_THREADS threads), so that the capped grid runs as one wave; a normalizing kernel
+    # took 136 and the seven blocks an SM then held left the grid's last eighth waiting.
+    resident = BLOCKS_PER_SM * MIN_THREADS // threads
+    bounds = {"launch_bounds": (threads, resident)} if m_rows == 1 and not SIMULATOR else {}
+
+    if normalize:
+        @cuda.jit(**bounds)
+        def gemv_normalized(x, gain, eps, weight, out):
+            run(x, gain, eps, weight, out)
+
+        return gemv_normalized
+
+    @cuda.jit(**bounds)
+    def gemv(x, weight, out):
+        run(x, x, float32(0.0), weight, out)  # only a normalizing kernel reads the gain
+
     return gemv
 # --8<-- [end:kernel]
 
 
-def gemv(x, weight, out, *, stream=0) -> None:
-    """out[M, N] = x[M, K] @ weight[N, K]^T for M <= MAX_ROWS, one pass over weight."""
-    check_linear(x, weight, out)
-    launch(x, weight, out, functools.partial(store_sums, STORES[np.dtype(out.dtype)]), stream=stream)
+def gemv(x, weight, out, *, norm: RMSNorm | None = None, accumulate: bool = False, stream=0) -> None:
+    """out[M, N] = x[M, K] @ weight[N, K]^T for M <= MAX_ROWS, one pass over weight; of
+    rmsnorm(x) * norm.weight with `norm`, and added to out (bf16) with `accumulate`."""
+    check_linear(x, weight, out, accumulate=accumulate)
+    launch(x, weight, out, functools.partial(store_sums, STORES[np.dtype(out.dtype)]), norm=norm,
+           accumulate=accumulate, stream=stream)
 
 
-def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, stream=0) -> None:
-    """The kernel for x's row count over all of weight's rows (operands already checked);
-    make_epilogue(M, rows_per_block) gives its epilogue for the launch shape chosen."""
+def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, norm: RMSNorm | None = None,
+           accumulate: bool = False, stream=0) -> None:
+    """The kernel for x's row count over all of weight's rows (x, weight and out already
+    checked; the norm is checked here); make_epilogue(M, rows_per_block) gives its
+    epilogue for the launch shape chosen."""
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"x: gemv takes at most {MAX_ROWS} rows, got {m}")
-    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
-    threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count())
-    kernel = gemv_kernel(m, read_chunk, make_epilogue(m, rows_per_block), threads, rows_per_block, depth, weight_row)
-    kernel[blocks, threads, stream](x, weight, out)
+    normalize = norm is not None
+    if normalize:
+        check_norm(x, norm)
+        gain = norm.weight.reshape(1, k)
+    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged  # check_norm: the gain's are
+    threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count(), normalize)
+    kernel = gemv_kernel(m, read_chunk, make_epilogue(m, rows_per_block), threads, rows_per_block, depth, weight_row,
+                         normalize, accumulate)
+    if normalize:
+        kernel[blocks, threads, stream](x, gain, np.float32(norm.eps), weight, out)
+    else:
+        kernel[blocks, threads, stream](x, weight, out)
 
 
-def launch_shape(k: int, n: int, m: int, num_sms: int) -> tuple[int, int, int, int]:
+def launch_shape(k: int, n: int, m: int, num_sms: int, normalize: bool = False) -> tuple[int, int, int, int]:
     """(threads, rows of W per block, chunks a thread loads at once, blocks) for an N x K
-    weight and m rows of x, on a GPU of num_sms SMs (see above)."""
+    weight and m rows of x (and normalizing one row of gain), on a GPU of num_sms SMs
+    (see above)."""
     chunks = -(-k // VECTOR)
     share = chunks // CHUNKS_PER_THREAD
     threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
     wide = m == 1 and n >= WIDE_OUTPUT
     rows_per_block = 4 if k > LONG_ROW or wide else 2
-    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m) * WORDS),
+    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m + normalize) * WORDS),
                        UNROLLED_PRODUCTS // (rows_per_block * m)))
     groups = -(-n // rows_per_block)
     blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
     return threads, rows_per_block, depth, blocks
-
-
-@functools.cache
-def store_silu_mul(m_rows: int, rows_per_block: int):
-    """SwiGLU's epilogue: rows 2j and 2j + 1 of a group are a (gate, up) pair; thread
-    (pair, m) stores silu(gate) * up, both sums rounded to bf16 first as the unfused path
-    stores them."""
-    pairs = rows_per_block // 2 * m_rows
-
-    @cuda.jit(device=True, inline=True)
-    def epilogue(partials, tid, n0, out):
-        pair = tid // m_rows
-        m = tid % m_rows
-        row = n0 // 2 + pair
-        if tid < pairs and row < out.shape[1]:
-            gate = bf16_to_f32(f32_to_bf16(partials[2 * pair * m_rows + m, 0]))
-            up = bf16_to_f32(f32_to_bf16(partials[(2 * pair + 1) * m_rows + m, 0]))
-            store_bf16(out, m, row, silu_times(gate, up))
-
-    return epilogue
-
-
-def gemv_silu_mul(x, weight, out, *, stream=0) -> None:
-    """out[M, I] = silu(gate) * up of x[M, K] @ weight[2I, K]^T, whose rows interleave gate and up.
-
-    One pass over weight, as `gemv`; out is bf16.
-    """
-    m, k = check_array("x", x, np.uint16, (None, None))
-    _, intermediate = check_array("out", out, np.uint16, (m, None))
-    check_array("weight", weight, np.uint16, (2 * intermediate, k))
-    if min(m, intermediate, k) == 0:
-        raise ValueError(f"linear: empty operand (M={m}, I={intermediate}, K={k})")
-    launch(x, weight, out, store_silu_mul, stream=stream)

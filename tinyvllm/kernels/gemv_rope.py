@@ -31,6 +31,7 @@ from numba import cuda, float32
 from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemv import launch
+from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.kernels.rope import check_rope_targets
 
 
@@ -93,13 +94,15 @@ def store_rope_write_kv(head_dim: int, m_rows: int, rows_per_block: int):
 # --8<-- [end:epilogue]
 
 
-def gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *, stream=0) -> None:
+def gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
+                       norm: RMSNorm | None = None, stream=0) -> None:
     """What `rope.rope_write_kv` writes for qkv = x[M, K] @ weight[N, K]^T, in one pass over
-    weight and without storing qkv (M <= gemv.MAX_ROWS)."""
+    weight and without storing qkv (M <= gemv.MAX_ROWS); `norm` as in `gemv.gemv`."""
     m, k = check_array("x", x, np.uint16, (None, None))
     width, _ = check_array("weight", weight, np.uint16, (None, k))
     _, _, head_dim = check_rope_targets(m, width, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
     if min(m, width, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, N={width}, K={k})")
     out = (q, k_cache, v_cache, positions, inv_freq, slot_mapping)
-    launch(x, weight, out, functools.partial(store_rope_write_kv, head_dim), rotation_pairs(head_dim), stream=stream)
+    launch(x, weight, out, functools.partial(store_rope_write_kv, head_dim), rotation_pairs(head_dim), norm=norm,
+           stream=stream)

@@ -13,6 +13,12 @@ it is bound by reading W, which is what the GEMV kernel is built for. Two produc
 the next operator with them, fused into the GEMV's store where the GEMV runs:
 `linear_silu_mul` is the MLP's gate|up product with SwiGLU's activation, and
 `linear_rope_write_kv` the attention block's q|k|v product with RoPE and the KV write.
+
+Each of the three also takes the RMSNorm in front of it (`norm`): the GEMV applies it as
+it multiplies, any other kernel reads the rows that `rmsnorm` writes to norm.normed first.
+And `linear` adds its product to out with `accumulate`, as the o and down projections
+join the residual stream: in the store of the GEMV and of the tiled kernel, through
+beta = 1 in cuBLAS.
 """
 
 import numpy as np
@@ -21,8 +27,10 @@ from tinyvllm.kernels import cublas
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.checks import check_array
 from tinyvllm.kernels.gemm import check_linear, gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_silu_mul
+from tinyvllm.kernels.gemv import MAX_ROWS, gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
+from tinyvllm.kernels.gemv_silu import gemv_silu_mul
+from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm, rmsnorm
 from tinyvllm.kernels.rope import check_rope_targets, rope_write_kv
 
 GEMV_ROWS = MAX_ROWS
@@ -37,10 +45,16 @@ BACKENDS = ("auto", "numba", *LAUNCHERS)
 
 
 # --8<-- [start:dispatch]
-def linear(x, weight, out, *, backend: str = "auto", stream=0) -> None:
-    """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out)."""
-    m, _, _ = check_linear(x, weight, out)
-    LAUNCHERS[choose_backend(backend, m)](x, weight, out, stream=stream)
+def linear(x, weight, out, *, norm: RMSNorm | None = None, accumulate: bool = False, backend: str = "auto",
+           stream=0) -> None:
+    """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out);
+    of rmsnorm(x) * norm.weight with `norm`; out += the product (bf16) with `accumulate`."""
+    m, _, _ = check_linear(x, weight, out, accumulate=accumulate)
+    backend = choose_backend(backend, m)
+    if backend == "gemv":
+        gemv(x, weight, out, norm=norm, accumulate=accumulate, stream=stream)
+    else:
+        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, out, accumulate=accumulate, stream=stream)
 
 
 def choose_backend(backend: str, m: int) -> str:
@@ -54,14 +68,26 @@ def choose_backend(backend: str, m: int) -> str:
     if backend == "numba":
         backend = "gemv" if m <= GEMV_ROWS else "tiled"
     return backend
+
+
+def normed_rows(x, norm: RMSNorm | None, stream):
+    """The rows a kernel that does not apply the norm itself reads: x, or norm.normed
+    after `rmsnorm` has written them."""
+    if norm is None:
+        return x
+    check_norm(x, norm)
+    rmsnorm(x, norm.weight, norm.eps, norm.normed, stream=stream)
+    return norm.normed
 # --8<-- [end:dispatch]
 
 
-def linear_silu_mul(x, weight, gate_up, out, *, backend: str = "auto", stream=0) -> None:
+def linear_silu_mul(x, weight, gate_up, out, *, norm: RMSNorm | None = None, backend: str = "auto",
+                    stream=0) -> None:
     """out[M, I] = silu(gate) * up of x @ weight^T, weight[2I, K] interleaving gate and up rows.
 
-    The GEMV stores the activation itself (`gemv.gemv_silu_mul`); the other kernels write
+    The GEMV stores the activation itself (`gemv_silu.gemv_silu_mul`); the other kernels write
     the product to gate_up[M, 2I] (bf16), and `activation.silu_mul` reads it from there.
+    `norm` as in `linear`.
     """
     m, k = check_array("x", x, np.uint16, (None, None))
     rows, _ = check_array("weight", weight, np.uint16, (None, k))
@@ -71,26 +97,27 @@ def linear_silu_mul(x, weight, gate_up, out, *, backend: str = "auto", stream=0)
     check_array("out", out, np.uint16, (m, rows // 2))
     backend = choose_backend(backend, m)
     if backend == "gemv":
-        gemv_silu_mul(x, weight, out, stream=stream)
+        gemv_silu_mul(x, weight, out, norm=norm, stream=stream)
     else:
-        LAUNCHERS[backend](x, weight, gate_up, stream=stream)
+        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, gate_up, stream=stream)
         silu_mul(gate_up, out, stream=stream)
 
 
 def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
-                         backend: str = "auto", stream=0) -> None:
+                         norm: RMSNorm | None = None, backend: str = "auto", stream=0) -> None:
     """q, k_cache and v_cache as `rope.rope_write_kv` writes them from qkv = x @ weight^T.
 
     The GEMV turns the pairs in its store (`gemv_rope.gemv_rope_write_kv`) and leaves qkv
     alone; the other kernels write the product to qkv[M, N] (bf16), and `rope_write_kv`
-    reads it from there.
+    reads it from there. `norm` as in `linear`.
     """
     m, n, _ = check_linear(x, weight, qkv, "qkv")
     check_array("qkv", qkv, np.uint16, (m, n))
     check_rope_targets(m, n, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
     backend = choose_backend(backend, m)
     if backend == "gemv":
-        gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)
+        gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm,
+                           stream=stream)
     else:
-        LAUNCHERS[backend](x, weight, qkv, stream=stream)
+        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, qkv, stream=stream)
         rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)

@@ -31,14 +31,6 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(mean_square + eps) * weight
 
 
-def add_rmsnorm(
-    x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """The fused pre-norm step: residual += x; return (rmsnorm(residual) * weight, residual)."""
-    residual = residual + x
-    return rmsnorm(residual, weight, eps), residual
-
-
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Rotary embedding with HF's rotate-half pairing: element i turns with i + D/2.
 

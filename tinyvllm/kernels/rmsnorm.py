@@ -1,14 +1,11 @@
-"""RMSNorm, optionally fused with the residual add that precedes it.
+"""RMSNorm: each row scaled to unit root mean square, then by a learned gain.
 
     out[t, :] = x[t, :] / sqrt(mean_j(x[t, j]^2) + eps) * weight
 
-Every Llama block normalises twice, each time right after adding a sublayer's output to
-the residual stream. The fused form does both in one pass over memory:
-
-    residual[t, :] += x[t, :]          (stored back as bf16, rounded once)
-    out[t, :] = rmsnorm(residual[t, :]) * weight
-
-and normalises the rounded residual, exactly the value the next block will read back.
+Every Llama block normalises the residual stream twice, and the LM head reads it normed
+once more. Each norm travels with the product that reads it (`RMSNorm`, the `norm`
+argument of the linear operators): at a few rows of x the GEMV applies it as it
+multiplies (`gemv.py`), and otherwise this kernel writes the normed rows first.
 
 One block per row. Each thread owns up to VECTORS_PER_THREAD chunks of eight values,
 chunk j = thread + k * blockDim: it loads them all with 16-byte loads (many bytes in
@@ -20,6 +17,7 @@ chunks by 1/rms and the weight and stores them. The block is the smallest power 
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, uint32
@@ -36,6 +34,19 @@ from tinyvllm.kernels.vector_io import (
     pack_pair,
     store_words,
 )
+
+
+class RMSNorm(NamedTuple):
+    """The norm in front of a product: the product reads rmsnorm(x) * weight, not x.
+
+    `normed` (x's shape, bf16) is where the normed rows go when the norm runs as its own
+    kernel; a product that applies the norm itself leaves it alone.
+    """
+
+    weight: object
+    eps: float
+    normed: object
+
 
 VECTORS_PER_THREAD = 4
 MAX_THREADS = 1024
@@ -85,8 +96,8 @@ def _normalize_and_store(words, gains, eps, out_row):
 
 
 # The weight is loaded first: no kernel writes it, so its loads go out before the wait for
-# the kernel ahead (`pdl`), and in any case before the residual store and the block-wide
-# sum's barriers, which the compiler may not move a load past.
+# the kernel ahead (`pdl`), and in any case before the block-wide sum's barriers, which
+# the compiler may not move a load past.
 @cuda.jit
 def _rmsnorm_kernel(x, weight, eps, out):
     allow_dependent_launch()
@@ -98,53 +109,29 @@ def _rmsnorm_kernel(x, weight, eps, out):
     _normalize_and_store(words, gains, eps, out[cuda.blockIdx.x])
 
 
-# --8<-- [start:fused]
-@cuda.jit
-def _add_rmsnorm_kernel(x, residual, weight, eps, out):
-    allow_dependent_launch()
-    gains = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    _load_row(weight, gains)
-    wait_for_prior_grid()
-    row = cuda.blockIdx.x
-    hidden = x.shape[1]
-    words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    addend = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
-    _load_row(residual[row], words)
-    _load_row(x[row], addend)
-    for k in range(VECTORS_PER_THREAD):
-        for j in range(4):
-            words[k, j] = pack_pair(
-                low_half(words[k, j]) + low_half(addend[k, j]), high_half(words[k, j]) + high_half(addend[k, j])
-            )
-        column = (cuda.threadIdx.x + k * cuda.blockDim.x) * VECTOR
-        if column < hidden:
-            store_words(residual[row], column, (words[k, 0], words[k, 1], words[k, 2], words[k, 3]))
-    _normalize_and_store(words, gains, eps, out[row])
-# --8<-- [end:fused]
-
-
 def _threads_for(hidden: int) -> int:
     """The smallest power of two, at least a warp, whose threads cover the row."""
     threads_needed = -(-hidden // (VECTORS_PER_THREAD * VECTOR))
     return max(WARP, 1 << (threads_needed - 1).bit_length())
 
 
-# --8<-- [start:launcher]
-def rmsnorm(x, weight, eps: float, out, *, residual=None, stream=0) -> None:
-    """out = rmsnorm(x) * weight; with `residual`: residual += x, then out = rmsnorm(residual) * weight."""
+def check_norm(x, norm: RMSNorm, normed_name: str = "normed") -> tuple[int, int]:
+    """Validate the norm of x's rows (x, norm.weight and norm.normed, named normed_name in
+    errors, bf16 with rows of eight; eps positive); return (T, hidden)."""
     num_tokens, hidden = check_rows_of_eight("x", x, (None, None))
-    check_rows_of_eight("weight", weight, (hidden,))
-    check_rows_of_eight("out", out, (num_tokens, hidden))
-    if residual is not None:
-        check_rows_of_eight("residual", residual, (num_tokens, hidden))
-    check_positive("eps", eps)
+    check_rows_of_eight("weight", norm.weight, (hidden,))
+    check_rows_of_eight(normed_name, norm.normed, (num_tokens, hidden))
+    check_positive("eps", norm.eps)
+    return num_tokens, hidden
+
+
+# --8<-- [start:launcher]
+def rmsnorm(x, weight, eps: float, out, *, stream=0) -> None:
+    """out = rmsnorm(x) * weight."""
+    num_tokens, hidden = check_norm(x, RMSNorm(weight, eps, out), "out")
     if hidden > MAX_HIDDEN:
         raise ValueError(f"x: hidden size {hidden} exceeds the kernel's maximum {MAX_HIDDEN}")
     if num_tokens == 0:
         return
-    launch = (num_tokens, _threads_for(hidden), stream)
-    if residual is None:
-        _rmsnorm_kernel[launch](x, weight, np.float32(eps), out)
-    else:
-        _add_rmsnorm_kernel[launch](x, residual, weight, np.float32(eps), out)
+    _rmsnorm_kernel[num_tokens, _threads_for(hidden), stream](x, weight, np.float32(eps), out)
 # --8<-- [end:launcher]
