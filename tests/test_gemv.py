@@ -82,9 +82,9 @@ def test_gemv_refuses_more_than_max_rows():
         gemv(x, weight, poisoned((MAX_ROWS + 1, 3), np.float32))
 
 
-@given(st.integers(1, 1 << 16), st.integers(1, 1 << 18), st.integers(1, MAX_ROWS), st.integers(1, 200))
-def test_gemv_launch_shape_follows_its_rule(k, n, m, num_sms):
-    threads, rows_per_block, depth, blocks = launch_shape(k, n, m, num_sms)
+@given(st.integers(1, 1 << 16), st.integers(1, 1 << 18), st.integers(1, MAX_ROWS), st.integers(1, 200), st.booleans())
+def test_gemv_launch_shape_follows_its_rule(k, n, m, num_sms, normalize):
+    threads, rows_per_block, depth, blocks = launch_shape(k, n, m, num_sms, normalize)
     assert threads & (threads - 1) == 0 and MIN_THREADS <= threads <= MAX_THREADS
     chunks = -(-k // 8)
     assert threads == MIN_THREADS or chunks >= CHUNKS_PER_THREAD * threads
@@ -93,5 +93,5 @@ def test_gemv_launch_shape_follows_its_rule(k, n, m, num_sms):
     groups = -(-n // rows_per_block)
     assert blocks == (min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups)
     assert 1 <= depth <= -(-chunks // threads)
-    assert depth == 1 or (rows_per_block + m) * WORDS * depth <= WORD_BUDGET
-    assert depth == 1 or depth * rows_per_block * m <= UNROLLED_PRODUCTS
+    assert depth == 1 or (rows_per_block + m + normalize) * WORDS * depth <= WORD_BUDGET
+    assert depth == 1 or depth * (rows_per_block + normalize) * m <= UNROLLED_PRODUCTS

@@ -46,7 +46,8 @@ a loop, and its arrays are indexed at run time and live in local memory, which i
 memory. Compiled for sm_90 (`python -m perf.kernel_registers --batch 4`), the down
 projection (four rows a block) kept a 288- to 384-byte stack frame at M = 4 to 8, where
 three or two chunk slots made 40 to 64 products. So depth is also capped at
-UNROLLED_PRODUCTS / (R x M).
+UNROLLED_PRODUCTS / (R x M), or / ((R + 1) x M) when the kernel also applies the norm
+(below), whose gain and squares add work per chunk as a row of W would.
 
 X is read from global memory, not staged in shared memory: it is M x K x 2 bytes, every
 block reads the same bytes, so after the first blocks they come from L1/L2 and cost no
@@ -111,7 +112,8 @@ WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
 UNROLLED_PRODUCTS = 32
 """Chunk slots x rows of W x rows of X a thread may multiply: the loops NVVM unrolls
-completely, so that the chunks stay in registers (see above)."""
+completely, so that the chunks stay in registers (see above). Normalizing, the gain and
+the squares count as one more row of W: at M = 8 two slots kept a 352-byte stack frame."""
 
 
 @cuda.jit(device=True, inline=True)
@@ -157,9 +159,9 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
     or rotated q and k heads and the KV cache rows (`gemv_rope.py`).
     """
     sums = rows_per_block * m_rows
+    # The partial sums a thread adds to the reduction: the products, then (normalizing)
+    # each X row's sum of squares.
     totals = sums + m_rows if normalize else sums
-    """Partial sums a thread contributes to the reduction: the products, then normalizing
-    each X row's sum of squares."""
 
     def chunk_fetcher(rows, row_of):
         @cuda.jit(device=True, inline=True)
@@ -338,7 +340,7 @@ def launch_shape(k: int, n: int, m: int, num_sms: int, normalize: bool = False) 
     wide = m == 1 and n >= WIDE_OUTPUT
     rows_per_block = 4 if k > LONG_ROW or wide else 2
     depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m + normalize) * WORDS),
-                       UNROLLED_PRODUCTS // (rows_per_block * m)))
+                       UNROLLED_PRODUCTS // ((rows_per_block + normalize) * m)))
     groups = -(-n // rows_per_block)
     blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
     return threads, rows_per_block, depth, blocks

@@ -1,12 +1,13 @@
 """SwiGLU in the store of the gate|up product (decode: a few rows of x).
 
-The MLP's gate|up weight interleaves its rows (gate row j, then up row j: `activation.py`),
-so the GEMV's blocks (`gemv.py`) own whole (gate, up) pairs of rows, and after the reduction the block holds both factors of each output it owns. It
-stores silu(gate) * up instead of the two sums: the activation's own kernel, and the
-round trip of the 2I-wide product through device memory, drop out of the step. The sums
-are rounded to bf16 first, as the unfused path stores them, so that both paths give the
-same bits. RoPE and the KV write go into the q|k|v product's store the same way
-(`gemv_rope.py`), with the rows of W taken in RoPE's pairs (the kernel's `weight_row`).
+The MLP's gate|up weight interleaves its rows (gate row j, then up row j:
+`activation.py`), so the GEMV's blocks (`gemv.py`) own whole (gate, up) pairs of rows, and
+after the reduction the block holds both factors of each output it owns. It stores
+silu(gate) * up instead of the two sums: the activation's own kernel, and the round trip
+of the 2I-wide product through device memory, drop out of the step. The sums are rounded
+to bf16 first, as the unfused path stores them, so that both paths give the same bits.
+RoPE and the KV write go into the q|k|v product's store the same way (`gemv_rope.py`),
+with the rows of W taken in RoPE's pairs (the kernel's `weight_row`).
 """
 
 import functools
