@@ -55,6 +55,12 @@ def normed_bits(x, gain, eps) -> np.ndarray:
     return to_bf16(normed(x, gain, eps))
 
 
+def prior_residual(x, weight) -> np.ndarray:
+    """The residual a product is added to, as large as the product, seeded from x."""
+    rng = np.random.default_rng(int(x[0, 0]))
+    return random_bf16(rng, (x.shape[0], weight.shape[0]), scale=np.sqrt(x.shape[1]))
+
+
 def norm_on_device(x, gain, eps) -> RMSNorm:
     return RMSNorm(cuda.to_device(gain), eps, poisoned(x.shape))
 
@@ -83,8 +89,7 @@ def test_normed_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms)
 @given(products(), st.sampled_from(BACKENDS))
 def test_accumulated_product_matches_reference(problem, backend):
     x, weight, _, _ = problem
-    rng = np.random.default_rng(int(x[0, 0]))
-    prior = random_bf16(rng, (x.shape[0], weight.shape[0]), scale=np.sqrt(x.shape[1]))
+    prior = prior_residual(x, weight)
     out = cuda.to_device(prior)
     linear(cuda.to_device(x), cuda.to_device(weight), out, accumulate=True, backend=backend)
     expected = widen(prior) + reference.linear(widen(x), widen(weight))
@@ -117,8 +122,7 @@ def test_normed_qkv_with_rope_matches_reference(problem, data, backend):
 @given(products())
 def test_cublas_normed_and_accumulated_products_match_reference(problem):
     x, weight, gain, eps = problem
-    rng = np.random.default_rng(int(x[0, 0]))
-    prior = random_bf16(rng, (x.shape[0], weight.shape[0]), scale=np.sqrt(x.shape[1]))
+    prior = prior_residual(x, weight)
     out = cuda.to_device(prior)
     linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), accumulate=True,
            backend="cublas")

@@ -320,7 +320,8 @@ def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, norm: 
     if normalize:
         check_norm(x, norm)
         gain = norm.weight.reshape(1, k)
-    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged  # check_norm: the gain's are
+    # The gain needs no test of its own: check_norm has found its rows whole and aligned.
+    read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
     threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count(), normalize)
     kernel = gemv_kernel(m, read_chunk, make_epilogue(m, rows_per_block), threads, rows_per_block, depth, weight_row,
                          normalize, accumulate)

@@ -30,7 +30,7 @@ from tinyvllm.kernels.gemm import check_linear, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
-from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm, rmsnorm
+from tinyvllm.kernels.rmsnorm import RMSNorm, rmsnorm
 from tinyvllm.kernels.rope import check_rope_targets, rope_write_kv
 
 GEMV_ROWS = MAX_ROWS
@@ -75,8 +75,7 @@ def normed_rows(x, norm: RMSNorm | None, stream):
     after `rmsnorm` has written them."""
     if norm is None:
         return x
-    check_norm(x, norm)
-    rmsnorm(x, norm.weight, norm.eps, norm.normed, stream=stream)
+    rmsnorm(x, norm.weight, norm.eps, norm.normed, out_name="normed", stream=stream)
     return norm.normed
 # --8<-- [end:dispatch]
 

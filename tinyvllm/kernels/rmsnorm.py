@@ -126,9 +126,9 @@ def check_norm(x, norm: RMSNorm, normed_name: str = "normed") -> tuple[int, int]
 
 
 # --8<-- [start:launcher]
-def rmsnorm(x, weight, eps: float, out, *, stream=0) -> None:
-    """out = rmsnorm(x) * weight."""
-    num_tokens, hidden = check_norm(x, RMSNorm(weight, eps, out), "out")
+def rmsnorm(x, weight, eps: float, out, *, out_name: str = "out", stream=0) -> None:
+    """out = rmsnorm(x) * weight (out named out_name in errors)."""
+    num_tokens, hidden = check_norm(x, RMSNorm(weight, eps, out), out_name)
     if hidden > MAX_HIDDEN:
         raise ValueError(f"x: hidden size {hidden} exceeds the kernel's maximum {MAX_HIDDEN}")
     if num_tokens == 0:
