@@ -29,7 +29,7 @@ def hf_decode_tok_per_s(directory: Path, prompt: list[int], new_tokens: int) -> 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).cuda().eval()
     ids = torch.tensor([prompt], device="cuda")
 
-    def run(n: int) -> float:
+    def run(model, n: int) -> float:
         torch.cuda.synchronize()
         start = time.perf_counter()
         model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
@@ -37,9 +37,9 @@ def hf_decode_tok_per_s(directory: Path, prompt: list[int], new_tokens: int) -> 
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    run(new_tokens)
-    first = min(run(1) for _ in range(2))
-    full = min(run(new_tokens) for _ in range(2))
+    run(model, new_tokens)
+    first = min(run(model, 1) for _ in range(2))
+    full = min(run(model, new_tokens) for _ in range(2))
     del model
     torch.cuda.empty_cache()
     return (new_tokens - 1) / (full - first)

@@ -23,12 +23,12 @@ chats = st.lists(
 
 
 @pytest.fixture(scope="module")
-def ours(llama3_tokenizer_dir):
+def ours(llama3_tokenizer_dir):  # noqa: F811
     return Tokenizer.from_dir(llama3_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
-def oracle(llama3_tokenizer_dir):
+def oracle(llama3_tokenizer_dir):  # noqa: F811
     return PreTrainedTokenizerFast.from_pretrained(str(llama3_tokenizer_dir))
 
 
