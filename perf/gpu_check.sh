@@ -44,7 +44,8 @@ for stage in $stages; do
     profile)
       run python3 -m perf.profile_step --model llama-1b
       cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json
-      run python3 -m perf.profile_step --model smollm2 --batches 1 64 ;;
+      run python3 -m perf.profile_step --model smollm2 --batches 1 64
+      run python3 -m perf.timeline_step ;;
     serve)
       run python3 -m perf.bench_serve ;;
     *) echo "unknown stage $stage"; return 2 ;;

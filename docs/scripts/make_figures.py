@@ -120,6 +120,20 @@ def ablation(data: dict, figures: Path) -> tuple[list[str], str]:
     return [], setup + "\n\n" + table(["variant", "graph µs", "cost µs"], rows)
 
 
+def timeline(data: dict, figures: Path) -> tuple[list[str], str]:
+    """Tables only: each kernel's exposed time in the batch-1 decode graph, per context."""
+    parts = []
+    for run in data["runs"]:
+        rows = [[f"`{row['kernel']}`", row["launches"], number(row["exposed_us"]),
+                 number(row["exposed_us_per_launch"]), f"{row['exposed_us'] / run['span_us']:.0%}"]
+                for row in run["kernels"]]  # fmt: skip
+        parts.append(f"**{data['model']}, batch 1, context {run['context']}**: graph span "
+                     f"{number(run['span_us'])} µs, {len(run['chain'])} kernels.\n\n"
+                     + table(["kernel (specialisation, grid x block)", "launches", "exposed µs", "µs/launch",
+                              "share"], rows))  # fmt: skip
+    return [], "\n\n".join(parts)
+
+
 def registers(data: dict, figures: Path) -> tuple[list[str], str]:
     """Table only: what ptxas reports for each launch of a decode step."""
     setup = (f"{data['model']}, batch {data['batch']}, context {data['context']}; "
@@ -336,6 +350,7 @@ BENCHMARKS = (
     Benchmark("bench_serve", "python -m perf.bench_serve", serve),
     Benchmark("profile_step", "python -m perf.profile_step", profile),
     Benchmark("ablate_step", "python -m perf.ablate_step", ablation),
+    Benchmark("timeline_step", "python -m perf.timeline_step", timeline),
     Benchmark("kernel_registers", "python -m perf.kernel_registers", registers),
 )
 
