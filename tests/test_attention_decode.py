@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
@@ -17,9 +17,11 @@ from tinyvllm.kernels.attention_split import (
     decode_attention,
     decode_partitions,
     decode_workspace_shape,
+    merge_partitions,
     split_decode_attention,
 )
 from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.reference import merge_partition_states
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -83,6 +85,37 @@ def test_split_decode_matches_reference_and_plain_decode(batch, num_partitions):
     split = _run_split(batch, num_partitions)
     assert relative_error(split, batch.expected()) <= BF16_TOLERANCE
     assert relative_error(split, _run_plain(batch)) <= BF16_TOLERANCE
+
+
+@settings(max_examples=40)  # the merge alone is quick even under the simulator
+@given(
+    st.integers(1, 2), st.integers(1, 3), st.sampled_from(pick((8, 16), (64, 128))), st.integers(1, MAX_PARTITIONS),
+    st.sampled_from((1, 4, 16, 64)), st.data(),
+)
+def test_merge_matches_float64_merge_of_the_filled_partitions(num_seqs, num_heads, head_dim, num_partitions, step,
+                                                              data):
+    """The merge alone, on partition states drawn directly (any number of partitions, where
+    attention under the simulator reaches a few): the partitions holding tokens are those
+    that some position t < context_len falls in, at t // length; every other row stays
+    NaN, so a merge that read one would return NaN."""
+    context_lens = np.array(data.draw(st.lists(st.integers(1, num_partitions * step * 3), min_size=num_seqs,
+                                               max_size=num_seqs)), np.int32)  # fmt: skip
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    workspace = np.full((num_seqs * num_heads * num_partitions, head_dim + 2), np.nan, np.float32)
+    expected = np.empty((num_seqs, num_heads, head_dim))
+    for seq, context_len in enumerate(context_lens):
+        length = -(-int(context_len) // (num_partitions * step)) * step
+        filled = len({t // length for t in range(context_len)})
+        for head in range(num_heads):
+            rows = slice((seq * num_heads + head) * num_partitions, (seq * num_heads + head) * num_partitions + filled)
+            workspace[rows, head_dim] = rng.uniform(-30, 30, filled)
+            workspace[rows, head_dim + 1] = rng.uniform(1, 64, filled)
+            workspace[rows, :head_dim] = rng.normal(0, 10, (filled, head_dim))
+            maxima, sums, outputs = workspace[rows, head_dim], workspace[rows, head_dim + 1], workspace[rows, :head_dim]
+            expected[seq, head] = merge_partition_states(maxima, sums, outputs)
+    out = poisoned((num_seqs, num_heads, head_dim))
+    merge_partitions(cuda.to_device(workspace), cuda.to_device(context_lens), num_partitions, step, out)
+    assert relative_error(widen(out), expected) <= BF16_TOLERANCE
 
 
 @given(decode_batches(), st.integers(1, pick(4, 40)))

@@ -105,6 +105,13 @@ def split_decode_attention(
     if num_seqs == 0:
         return
     step = launch_decode(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
+    merge_partitions(workspace, context_lens, num_partitions, step, out, stream=stream)
+
+
+def merge_partitions(workspace, context_lens, num_partitions: int, step: int, out, *, stream=0) -> None:
+    """out[S, Hq, D] (bf16) from the partition states the decode kernel left in workspace, its
+    loop step `step` (the caller has checked the shapes, as `split_decode_attention` does)."""
+    num_seqs, num_heads, head_dim = out.shape
     threads = min(MERGE_THREADS, head_dim)
     _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
 

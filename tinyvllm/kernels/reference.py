@@ -148,6 +148,14 @@ def paged_attention(
     return out
 
 
+def merge_partition_states(maxima: np.ndarray, sums: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """Split-K's merge: partition p's state is its max score m_p (base 2), its sum l_p of
+    2^(s - m_p) and its unnormalised output acc_p[D]; the merged softmax output is
+    sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p, with M = max_p m_p."""
+    weights = np.exp2(np.asarray(maxima, np.float64) - np.max(maxima))
+    return weights @ np.asarray(outputs, np.float64) / (weights @ np.asarray(sums, np.float64))
+
+
 def argmax(logits: np.ndarray) -> np.ndarray:
     """Greedy choice per row; ties take the lowest index."""
     return np.argmax(logits, axis=-1).astype(np.int32)
