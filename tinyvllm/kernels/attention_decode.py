@@ -52,6 +52,11 @@ from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half, 
 DECODE_THREADS = 128
 TOKENS_PER_STEP = 4
 """Tokens each lane group loads before using them: 64 bytes in flight per lane."""
+SPLIT_TOKENS_PER_STEP = 2
+"""The same for one partition of a split context (`attention_split.py`). A partition is
+short, and with few sequences the kernel's time is its own instruction path (under two
+warps a scheduler), which halves with the tokens a step; the merge then combines twice
+the partitions."""
 REGISTER_FILE = 65536
 """32-bit registers per SM."""
 MAX_GROUP = 8
@@ -266,12 +271,13 @@ def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, parti
     threads = max(DECODE_THREADS, head_dim // VECTOR)
     group = num_heads // num_kv_heads
     split = result.dtype == np.float32
-    kernel = _decode_kernel(head_dim, group, threads, TOKENS_PER_STEP, split)
+    tokens_per_step = SPLIT_TOKENS_PER_STEP if split else TOKENS_PER_STEP
+    kernel = _decode_kernel(head_dim, group, threads, tokens_per_step, split)
     grid = (num_kv_heads, num_seqs, partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
     kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, result)
-    return threads // (head_dim // VECTOR) * TOKENS_PER_STEP
+    return threads // (head_dim // VECTOR) * tokens_per_step
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, *, stream=0) -> None:

@@ -42,7 +42,7 @@ MAX_PARTITIONS = 64
 """Partitions are the grid's z dimension, which CUDA caps at 64."""
 MERGE_THREADS = 128
 """The merge's threads per head: one per output element, up to this many."""
-MERGE_BATCH = 8
+MERGE_BATCH = 16
 """Partitions whose states a merge thread loads at once, before it combines any."""
 
 
@@ -50,8 +50,10 @@ MERGE_BATCH = 8
 @cuda.jit
 def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
     """One block per (query head, sequence), one thread per output element: the non-empty
-    partitions' states merged with the online-softmax rule, MERGE_BATCH partitions' loads
-    issued together (no barrier, no shared memory)."""
+    partitions' states merged with the online-softmax rule (no barrier, no shared memory).
+    A thread loads MERGE_BATCH partitions' states at once and adds them as a batch: their
+    largest max first, then each partition's weight exp2(m_p - M), all independent, so
+    the running state is rescaled once a batch, not once a partition."""
     allow_dependent_launch()
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
@@ -70,18 +72,24 @@ def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out)
         running_sum = float32(0.0)
         total = float32(0.0)
         for batch in range(0, filled, MERGE_BATCH):
+            # Slots past the last partition load it again: the batch's max stays the same.
+            batch_max = float32(-math.inf)
             for i in range(MERGE_BATCH):
                 row = first + min(batch + i, filled - 1)
                 maxes[i] = workspace[row, head_dim]
                 sums[i] = workspace[row, head_dim + 1]
                 values[i] = workspace[row, d]
+                batch_max = max(batch_max, maxes[i])
+            merged_max = max(running_max, batch_max)
+            old = rescale(running_max, merged_max)
+            running_sum *= old
+            total *= old
             for i in range(MERGE_BATCH):
                 if batch + i < filled:
-                    merged_max = max(running_max, maxes[i])
-                    old, new = rescale(running_max, merged_max), rescale(maxes[i], merged_max)
-                    running_sum = running_sum * old + sums[i] * new
-                    total = total * old + values[i] * new
-                    running_max = merged_max
+                    weight = math.exp2(maxes[i] - merged_max)
+                    running_sum += sums[i] * weight
+                    total += values[i] * weight
+            running_max = merged_max
         out[seq, head, d] = f32_to_bf16(total / running_sum)
 # --8<-- [end:merge]
 
