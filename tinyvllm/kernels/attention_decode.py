@@ -26,7 +26,8 @@ The kernel also runs one *partition* of each context (the grid's z dimension), f
 split-K decoding (`attention_split.py`): block z cuts its sequence's context, from the
 length it finds in `context_lens`, into gridDim.z parts of whole loop steps
 (`partition_tokens`), runs the part it owns, and writes its unnormalised state to a
-float32 workspace instead of the normalised output.
+float32 workspace instead of the normalised output (a part past the context's end
+writes nothing).
 """
 
 import functools
@@ -138,6 +139,8 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         length = partition_tokens(context_len, cuda.gridDim.z, step)
         start = partition * length
         end = min(context_len, start + length)
+        if split and start >= end:
+            return  # a part past the context's end: the merge reads only parts with tokens
 
         # The lengths and block tables come from the host, never from a kernel: the first
         # step's cache offsets are worked out before the wait for the kernel ahead (`pdl`),

@@ -9,8 +9,9 @@ Each block cuts its sequence's context itself, from the length it finds in
 `context_lens`, into parts of whole loop steps: a 512-token context of a sequence whose
 block table could hold 2048 is spread over all the blocks too, not left to the first
 few, and a captured CUDA graph (whose grid is fixed) still splits every context evenly.
-Blocks past the end of a short context find their part empty; the merge reads only the
-parts that hold tokens, which it works out from the context length the same way.
+Blocks past the end of a short context find their part empty and return at once; the
+merge reads only the parts that hold tokens, which it works out from the context length
+the same way.
 `decode_attention` is the one entry the model calls: it picks the number of partitions
 from the batch, the table width and the size of the GPU (`decode_partitions`), and runs
 whichever fits.
