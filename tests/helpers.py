@@ -74,7 +74,7 @@ def assert_parts_only_at_near_ties(reference, llm, prompts, actual, expected, ma
     Each run equals the reference's or parts from it at a near-tie: where the two choices
     are closer under the reference than the two engines' largest logit disagreement at
     that point. Two correct bf16 pipelines round differently and their logits drift apart
-    by about 1e-2 over the layers, so a random model's near-ties part now and then; a
+    by about 1e-2 over the layers, so runs part at near-ties now and then; a
     wrong kernel or a batching bug parts with a gap the disagreement does not cover, or
     on many prompts. At most `max_partings` runs may part.
     """
