@@ -9,7 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import assert_no_leak, assert_parts_only_at_near_ties, next_token_logits, relative_error
+from tests.helpers import (
+    assert_no_leak,
+    assert_parts_only_at_near_ties,
+    next_token_logits,
+    relative_error,
+)
 from tests.operator_check import all_outputs, within_tolerance, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.default_model import default_model_dir
