@@ -26,7 +26,7 @@ import numpy as np
 from perf.models import model_dir
 from perf.profile_step import graph_us, run_prefills
 from perf.timing import result_header
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.kernels import attention_split
 from tinyvllm.sampling_params import SamplingParams
 

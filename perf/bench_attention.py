@@ -31,9 +31,11 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda
 
+from perf.attention_naive import naive_attention, naive_scratch_shape
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.kernels import attention_decode, attention_prefill
 from tinyvllm.kernels.attention_decode import paged_decode_attention
+from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     decode_attention,
@@ -41,10 +43,8 @@ from tinyvllm.kernels.attention_split import (
     decode_workspace_shape,
     split_decode_attention,
 )
-from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape
-from tinyvllm.kernels.attention_prefill import prefill_attention
-from tinyvllm.kernels.bf16 import from_bf16
-from tinyvllm.kernels.multiprocessors import multiprocessor_count
+from tinyvllm.kernels.device.bf16 import from_bf16
+from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.reference import causal_attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16

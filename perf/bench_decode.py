@@ -16,8 +16,8 @@ from pathlib import Path
 from perf.models import MODELS, model_dir
 from perf.timing import result_header
 from tinyvllm.benchmark import decode_latency, random_workload, roofline_tok_per_s
-from tinyvllm.config import ModelConfig
-from tinyvllm.engine import LLM
+from tinyvllm.llm import LLM
+from tinyvllm.model.config import ModelConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_decode.json"
 

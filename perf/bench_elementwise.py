@@ -25,11 +25,11 @@ import numpy as np
 from numba import config, cuda
 
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
+from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.embedding import embedding
 from tinyvllm.kernels.rmsnorm import rmsnorm
 from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 COPY_CEILING_TBPS = 4.25
 BAR_TBPS = 3.0

@@ -35,12 +35,18 @@ import numpy as np
 from numba import config, cuda
 
 from perf.timing import median_ms, random_bf16, result_header
-from tinyvllm.kernels.bf16 import from_bf16
 from tinyvllm.kernels.cublas import cublas_gemm
+from tinyvllm.kernels.device.bf16 import from_bf16
+from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
+from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.kernels.gemm import STORES, gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv, gemv_kernel, read_chunk_whole, store_sums
-from tinyvllm.kernels.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.pdl import programmatic_launches
+from tinyvllm.kernels.gemv import (
+    MAX_ROWS,
+    gemv,
+    gemv_kernel,
+    read_chunk_whole,
+    store_sums,
+)
 
 LAYERS = {
     "qkv_proj": (2048, 3072),

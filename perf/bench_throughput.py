@@ -17,9 +17,14 @@ from pathlib import Path
 
 from perf.models import model_dir
 from perf.timing import result_header
-from tinyvllm.benchmark import Workload, nano_vllm_workload, prefill_throughput, throughput
-from tinyvllm.config import ModelConfig
-from tinyvllm.engine import LLM
+from tinyvllm.benchmark import (
+    Workload,
+    nano_vllm_workload,
+    prefill_throughput,
+    throughput,
+)
+from tinyvllm.llm import LLM
+from tinyvllm.model.config import ModelConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_throughput.json"
 PEER_REQUESTS = 64

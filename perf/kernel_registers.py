@@ -47,12 +47,13 @@ from numba import cuda
 from numba.cuda import dispatcher as cuda_dispatcher
 
 from perf.timing import result_header
-from tinyvllm.config import ModelConfig, load_config
-from tinyvllm.kernels import attention_split, embedding, multiprocessors, rope, sampling
+from tests.random_llama import LLAMA_3_2_1B_CONFIG
+from tinyvllm.kernels import attention_split, embedding, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
+from tinyvllm.kernels.device import multiprocessors
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.kernels.rmsnorm import RMSNorm
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
+from tinyvllm.model.config import ModelConfig, load_config
 
 H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),
                                MULTIPROCESSOR_COUNT=multiprocessors.H200_SMS)

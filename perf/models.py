@@ -1,15 +1,15 @@
 """The models the engine benchmarks run: the embedded SmolLM2 and Llama-3.2-1B shapes.
 
 `llama-1b` is a directory of seeded random BF16 weights with Llama 3.2 1B's config and
-tokenizer (tinyvllm.testing): the compute is the real model's. It is generated once into
+tokenizer (tests.random_llama): the compute is the real model's. It is generated once into
 the tinyvllm cache (TINYVLLM_CACHE).
 """
 
 from pathlib import Path
 
-from tinyvllm.default_model import default_model_dir
-from tinyvllm.hub import cache_dir
-from tinyvllm.testing import make_random_llama_dir
+from tests.random_llama import make_random_llama_dir
+from tinyvllm.model.default_model import default_model_dir
+from tinyvllm.model.hub import cache_dir
 
 MODELS = ("smollm2", "llama-1b")
 

@@ -36,7 +36,7 @@ from numba import cuda
 
 from perf.models import model_dir
 from perf.timing import hold, result_header
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"

@@ -2,7 +2,7 @@
 
     python -m perf.timeline_step [--model llama-1b] [--contexts 128 384 1000]
 
-Under programmatic dependent launch (`tinyvllm/kernels/pdl.py`) a kernel starts while the
+Under programmatic dependent launch (`tinyvllm/kernels/device/pdl.py`) a kernel starts while the
 one ahead of it still runs, so its own duration overstates what it adds to the step, and
 `perf/ablate_step.py` can only measure a kernel together with the boundary its removal
 takes away. The decode graph is a chain, each kernel waiting for the one before it, so a
@@ -30,7 +30,7 @@ import numpy as np
 from perf.models import model_dir
 from perf.profile_step import run_prefills
 from perf.timing import result_header
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "timeline_step.json"

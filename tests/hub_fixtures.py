@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tinyvllm.hub import fetch_llama3_2_tokenizer
-from tinyvllm.testing import LLAMA_3_2_CHAT_TEMPLATE
+from tests.random_llama import LLAMA_3_2_CHAT_TEMPLATE
+from tinyvllm.model.hub import fetch_llama3_2_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,7 @@ def llama3_tokenizer_dir(llama3_tokenizer_json, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(hub_cache) -> Path:
     """The embedded SmolLM2-135M-Instruct, fetched and converted once per run into the hub cache."""
-    from tinyvllm.default_model import default_model_dir
+    from tinyvllm.model.default_model import default_model_dir
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINYVLLM_CACHE", str(hub_cache))

@@ -14,8 +14,8 @@ compounds: a correct kernel differs by rare one-ulp roundings, a wrong one by fa
 import numpy as np
 
 from tests.helpers import relative_error
-from tinyvllm.backend import NumpyBackend
-from tinyvllm.kernels.bf16 import from_bf16
+from tinyvllm.backends.numpy_backend import NumpyBackend
+from tinyvllm.kernels.device.bf16 import from_bf16
 from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.sampling_params import SamplingParams
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
+from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"

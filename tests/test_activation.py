@@ -6,10 +6,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import interleave_rows, silu_mul
-from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.device.bf16 import to_bf16
 
 
 @st.composite

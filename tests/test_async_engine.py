@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from tests.server_fixtures import tiny_model_dir  # noqa: F401
-from tinyvllm.async_engine import AsyncEngine, EngineClosedError
-from tinyvllm.engine import LLM, LLMEngine
+from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError
+from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.llm import LLM
 
 PROMPT = "Once upon a time"
 TIMEOUT_S = 60

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from tests.attention_batch import paged_batch
-from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    SIMULATOR,
+    pick,
+    poisoned,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import attention_decode, attention_split
 from tinyvllm.kernels.attention_decode import MAX_GROUP, paged_decode_attention
 from tinyvllm.kernels.attention_split import (
@@ -20,7 +27,7 @@ from tinyvllm.kernels.attention_split import (
     merge_partitions,
     split_decode_attention,
 )
-from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.device.bf16 import to_bf16
 from tinyvllm.kernels.reference import merge_partition_states
 
 

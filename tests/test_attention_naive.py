@@ -6,10 +6,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
+from perf.attention_naive import naive_attention, naive_scratch_shape
 from tests.attention_batch import paged_batch
-from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    SIMULATOR,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import attention_naive, attention_prefill, reference
-from tinyvllm.kernels.attention_naive import naive_attention, naive_scratch_shape
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 

@@ -7,11 +7,19 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from tests.attention_batch import paged_batch
-from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    SIMULATOR,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import attention_decode, attention_prefill
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
-from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.device.bf16 import to_bf16
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.cli import main
-from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
 
 @pytest.fixture(scope="module")

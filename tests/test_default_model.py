@@ -12,11 +12,11 @@ import torch
 
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tinyvllm import default_model
-from tinyvllm.config import ModelConfig
-from tinyvllm.default_model import default_model_dir
-from tinyvllm.hub import FetchError, fetch_pypi_file
-from tinyvllm.tokenizer import Tokenizer
-from tinyvllm.weights import load_weights
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.default_model import default_model_dir
+from tinyvllm.model.hub import FetchError, fetch_pypi_file
+from tinyvllm.model.tokenizer import Tokenizer
+from tinyvllm.model.weights import load_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,13 +10,13 @@ import pytest
 
 from tests.helpers import SIMULATOR, assert_no_leak, assert_parts_only_at_near_ties
 from tests.operator_check import all_outputs, within_tolerance, worst_operator_errors
-from tinyvllm import LLM, SamplingParams
-from tinyvllm.testing import (
+from tests.random_llama import (
     BYTES_SPECIAL_TOKENS,
     TINY_OVERRIDES,
     make_random_llama_dir,
     save_bytes_tokenizer,
 )
+from tinyvllm import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import BLOCK_K, BLOCK_M, BLOCK_N, gemm

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from tests.helpers import pick, poisoned, random_bf16, relative_error
-from tests.test_gemm import FLOAT32_TOLERANCE, OUTPUT_DTYPES, assert_close, expected, run
+from tests.test_gemm import (
+    FLOAT32_TOLERANCE,
+    OUTPUT_DTYPES,
+    assert_close,
+    expected,
+    run,
+)
 from tinyvllm.kernels import gemv as gemv_module
 from tinyvllm.kernels.gemm import gemm
 from tinyvllm.kernels.gemv import (

@@ -19,12 +19,17 @@ from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
 from tinyvllm import gguf_format, hub
-from tinyvllm.config import ModelConfig
-from tinyvllm.gguf import GGUFError, convert_gguf, hf_tensor_name, undo_rope_permutation
-from tinyvllm.gguf_format import dequantize, dequantize_to_bf16
-from tinyvllm.gguf_tokenizer import CONTROL, build_tokenizer
-from tinyvllm.kernels.bf16 import to_bf16
-from tinyvllm.weights import load_weights, read_safetensors
+from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.gguf.convert import (
+    GGUFError,
+    convert_gguf,
+    hf_tensor_name,
+    undo_rope_permutation,
+)
+from tinyvllm.model.gguf.format import dequantize, dequantize_to_bf16
+from tinyvllm.model.gguf.tokenizer import CONTROL, build_tokenizer
+from tinyvllm.model.weights import load_weights, read_safetensors
 
 BLOCK_TYPES = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
 BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q4_1: 20}

@@ -17,7 +17,7 @@ from tests.helpers import (
 )
 from tests.operator_check import all_outputs, within_tolerance, worst_operator_errors
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.default_model import default_model_dir
+from tinyvllm.model.default_model import default_model_dir
 
 pytestmark = pytest.mark.gpu
 

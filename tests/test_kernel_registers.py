@@ -12,8 +12,8 @@ import pytest
 
 from perf.kernel_registers import compile_step
 from tests.helpers import SIMULATOR
-from tinyvllm.config import ModelConfig
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
+from tests.random_llama import LLAMA_3_2_1B_CONFIG
+from tinyvllm.model.config import ModelConfig
 
 pytestmark = pytest.mark.skipif(SIMULATOR or shutil.which("ptxas") is None, reason="needs NVVM and ptxas, no simulator")
 

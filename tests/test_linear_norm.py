@@ -14,10 +14,17 @@ from numba import cuda
 
 from tests import test_linear_rope_write_kv as rope_tests
 from tests import test_linear_silu_mul as silu_tests
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.device.bf16 import to_bf16
 from tinyvllm.kernels.gemv import MAX_ROWS
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.kernels.rmsnorm import RMSNorm

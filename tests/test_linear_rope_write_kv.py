@@ -13,15 +13,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
+from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.bf16 import from_bf16, to_bf16
+from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.linear import linear_rope_write_kv
 from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 TARGETS = ("q", "k_cache", "v_cache")
 

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from tests.hub_fixtures import hub_cache, llama3_tokenizer_dir, llama3_tokenizer_json  # noqa: F401
-from tinyvllm.detokenizer import IncrementalDetokenizer
-from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.engine.detokenizer import IncrementalDetokenizer
+from tinyvllm.model.tokenizer import Tokenizer
 
 BEGIN_OF_TEXT = 128000
 EOT = 128009

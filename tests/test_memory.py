@@ -7,9 +7,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from tinyvllm.memory import BlockAllocator, OutOfBlocks, blocks_needed
+from tinyvllm.engine.block_manager import BlockAllocator, OutOfBlocks, blocks_needed
 
 
 @given(st.integers(0, 10_000), st.integers(1, 64))

@@ -1,4 +1,4 @@
-"""Random Llama directories (tinyvllm.testing): they load in our loaders and in transformers."""
+"""Random Llama directories (tests.random_llama): they load in our loaders and in transformers."""
 
 import json
 
@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.kernels.bf16 import from_bf16
-from tinyvllm.testing import (
+from tests.random_llama import (
     LLAMA_3_2_1B_CONFIG,
     TINY_OVERRIDES,
     make_random_llama_dir,
     save_bytes_tokenizer,
 )
-from tinyvllm.tokenizer import Tokenizer
-from tinyvllm.weights import load_weights, weight_shapes
+from tinyvllm.kernels.device.bf16 import from_bf16
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.tokenizer import Tokenizer
+from tinyvllm.model.weights import load_weights, weight_shapes
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"}]
 # Llama 3.2's prompt format (Meta's model card) for CHAT on a fixed date.

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.helpers import next_token_logits
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
+from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.testing import TINY_OVERRIDES, make_random_llama_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

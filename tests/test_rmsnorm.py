@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.rmsnorm import MAX_HIDDEN, rmsnorm
 

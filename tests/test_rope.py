@@ -8,10 +8,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tests.helpers import (
+    BF16_TOLERANCE,
+    pick,
+    poisoned,
+    random_bf16,
+    relative_error,
+    widen,
+)
+from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG
 
 LLAMA_3_2_SCALING = LLAMA_3_2_1B_CONFIG["rope_scaling"]
 MAX_POSITION = 131072

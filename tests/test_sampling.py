@@ -19,7 +19,7 @@ from numba import cuda
 
 from tests.helpers import pick, poisoned
 from tinyvllm.kernels import reference, sampling
-from tinyvllm.kernels.rng import GUMBEL_MAX, gumbel_noise
+from tinyvllm.kernels.device.rng import GUMBEL_MAX, gumbel_noise
 from tinyvllm.kernels.sampling import (
     MAX_PART_BLOCKS,
     MAX_PARTS,

@@ -15,12 +15,18 @@ import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
-from tinyvllm.memory import BlockAllocator, blocks_needed
+from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
+from tinyvllm.engine.scheduler import MODES, ScheduledBatch, Scheduler, SchedulerConfig
+from tinyvllm.engine.sequence import Sequence, SequenceStatus
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.scheduler import MODES, ScheduledBatch, Scheduler, SchedulerConfig
-from tinyvllm.sequence import Sequence, SequenceStatus
 
 VOCAB = 7
 EOS = VOCAB - 1  # not 0: hypothesis draws 0 most often, and most sequences would stop at once

@@ -2,8 +2,8 @@
 
 import pytest
 
+from tinyvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
-from tinyvllm.sequence import RequestOutput, Sequence, SequenceStatus
 
 
 def test_a_new_sequence_waits_with_its_prompt_and_no_blocks():

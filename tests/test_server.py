@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.server_fixtures import serve, tiny_model_dir  # noqa: F401
-from tinyvllm.engine import LLM
+from tinyvllm.llm import LLM
 
 MODEL_NAME = "tiny-test"
 MAX_TOKENS_LIMIT = 64

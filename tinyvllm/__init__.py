@@ -13,10 +13,10 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "LLM": "tinyvllm.engine",
-    "LLMEngine": "tinyvllm.engine",
+    "LLM": "tinyvllm.llm",
+    "LLMEngine": "tinyvllm.engine.llm_engine",
     "SamplingParams": "tinyvllm.sampling_params",
-    "RequestOutput": "tinyvllm.sequence",
+    "RequestOutput": "tinyvllm.engine.sequence",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.engine import LLM
+from tinyvllm.llm import LLM
 from tinyvllm.sampling_params import SamplingParams
 
 

@@ -9,8 +9,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from tinyvllm.engine_setup import BACKENDS
-from tinyvllm.scheduler import MODES
+from tinyvllm.engine.scheduler import MODES
+from tinyvllm.engine.setup import BACKENDS
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +78,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from tinyvllm.engine import LLM
+    from tinyvllm.llm import LLM
 
     prompts = read_prompts(args)
     params = sampling_params(args)
@@ -101,13 +101,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> None:
-    from tinyvllm.chat import run_chat
+    from tinyvllm.serving.chat import run_chat
 
     run_chat(args.model, engine_kwargs(args), sampling_params(args), system=args.system)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from tinyvllm.server import run_server
+    from tinyvllm.serving.server import run_server
 
     run_server(
         args.model,
@@ -122,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from tinyvllm import benchmark
-    from tinyvllm.engine import LLM
+    from tinyvllm.llm import LLM
 
     llm = LLM(args.model, **engine_kwargs(args))
     vocab = llm.engine.config.vocab_size
@@ -143,7 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
-    from tinyvllm.gguf import convert_gguf
+    from tinyvllm.model.gguf.convert import convert_gguf
 
     convert_gguf(args.gguf, args.out_dir)
     print(f"wrote {args.out_dir}")

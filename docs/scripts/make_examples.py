@@ -6,7 +6,7 @@
 Writes into docs/generated/ (or --out):
 
     safetensors_header.txt   a hex dump of a real model.safetensors (a tiny random Llama, seed 0)
-    bf16_rounding.md         float32 -> bf16 examples, rounded by tinyvllm.kernels.bf16.to_bf16
+    bf16_rounding.md         float32 -> bf16 examples, rounded by tinyvllm.kernels.device.bf16.to_bf16
     models.md                SmolLM2-135M and Llama 3.2 1B side by side, numbers from ModelConfig
     rope_bands.md            which RoPE frequencies Llama 3.2's "llama3" scaling leaves, blends, divides
     decode_step_ops.md       the operator calls of one decode step, counted on the NumPy backend
@@ -36,18 +36,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not
 
+from tests.random_llama import (  # noqa: E402
+    LLAMA_3_2_1B_CONFIG,
+    TINY_OVERRIDES,
+    make_random_llama_dir,
+)
 from tinyvllm.benchmark import roofline_tok_per_s  # noqa: E402
-from tinyvllm.config import ModelConfig  # noqa: E402
-from tinyvllm.engine import LLM  # noqa: E402
-from tinyvllm.kernels.bf16 import from_bf16, to_bf16  # noqa: E402
+from tinyvllm.engine.model_runner import build_step, kv_block_bytes  # noqa: E402
+from tinyvllm.engine.scheduler import ScheduledBatch  # noqa: E402
+from tinyvllm.engine.sequence import Sequence  # noqa: E402
+from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16  # noqa: E402
 from tinyvllm.kernels.rope import rope_inv_freq  # noqa: E402
-from tinyvllm.runner import build_step, kv_block_bytes  # noqa: E402
+from tinyvllm.llm import LLM  # noqa: E402
+from tinyvllm.model.config import ModelConfig  # noqa: E402
+from tinyvllm.model.tokenizer import Tokenizer  # noqa: E402
+from tinyvllm.model.weights import read_header  # noqa: E402
 from tinyvllm.sampling_params import SamplingParams  # noqa: E402
-from tinyvllm.scheduler import ScheduledBatch  # noqa: E402
-from tinyvllm.sequence import Sequence  # noqa: E402
-from tinyvllm.testing import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir  # noqa: E402
-from tinyvllm.tokenizer import Tokenizer  # noqa: E402
-from tinyvllm.weights import read_header  # noqa: E402
 
 DOCS = ROOT / "docs"
 GENERATED = DOCS / "generated"
@@ -86,7 +90,7 @@ def safetensors_header(model_dir: Path) -> str:
     shown = {key: header[key] for key in list(header)[:4]}
     tail = (data_start - 48) // 16 * 16
     lines = [
-        "model.safetensors of a tiny random Llama (tinyvllm.testing.make_random_llama_dir,",
+        "model.safetensors of a tiny random Llama (tests.random_llama.make_random_llama_dir,",
         f"TINY_OVERRIDES, seed 0): {len(data)} bytes, {len(tensors)} tensors.",
         "",
         "Bytes 0-7: the header's length N, a little-endian u64.",
@@ -286,8 +290,8 @@ def chat_llama3(scratch: Path) -> str:
 def real_models(out: Path) -> None:
     from tokenizers import Tokenizer as Backend
 
-    from tinyvllm.default_model import default_model_dir
-    from tinyvllm.hub import cache_dir, fetch_llama3_2_tokenizer
+    from tinyvllm.model.default_model import default_model_dir
+    from tinyvllm.model.hub import cache_dir, fetch_llama3_2_tokenizer
 
     smollm2_dir = default_model_dir()
     config = json.loads((smollm2_dir / "config.json").read_text())

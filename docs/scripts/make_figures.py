@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling timelines.py
-from timelines import ROOT, save, simulated_figures  # noqa: E402  (first: it makes matplotlib headless)
-
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from timelines import ROOT, save, simulated_figures  # noqa: E402  (first: it makes matplotlib headless)
 
 COPY_CEILING_TBPS = 4.25  # the H200's device-to-device copy, DESIGN.md
 VARIANT_COLORS = {"cublas": "#555555", "tiled": "#e67e22", "gemv": "#2980b9", "paged": "#2980b9",

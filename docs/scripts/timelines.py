@@ -20,10 +20,10 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not
 
-from tinyvllm.memory import BlockAllocator  # noqa: E402
+from tinyvllm.engine.block_manager import BlockAllocator  # noqa: E402
+from tinyvllm.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from tinyvllm.engine.sequence import Sequence, SequenceStatus  # noqa: E402
 from tinyvllm.sampling_params import SamplingParams  # noqa: E402
-from tinyvllm.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from tinyvllm.sequence import Sequence, SequenceStatus  # noqa: E402
 
 COLORS = {"prefill": "#1f4e79", "decode": "#7fb3e0", "waiting": "#e3e3e3", "preempted": "#c0392b"}
 DPI = 110

@@ -20,8 +20,13 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, store_bf16x8
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.vector_io import (
+    VECTOR,
+    check_rows_of_eight,
+    load_bf16x8,
+    store_bf16x8,
+)
 
 THREADS = 256
 EXP_LIMIT = float32(88.0)

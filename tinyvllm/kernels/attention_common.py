@@ -30,8 +30,8 @@ import math
 import numpy as np
 from numba import config, cuda, float32
 
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.vector_io import check_rows_of_eight
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.vector_io import check_rows_of_eight
 
 SIMULATOR = config.ENABLE_CUDASIM
 LOG2_E = 1.4426950408889634

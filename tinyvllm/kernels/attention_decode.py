@@ -46,9 +46,15 @@ from tinyvllm.kernels.attention_common import (
     lane_group_sum,
     rescale,
 )
-from tinyvllm.kernels.bf16 import f32_to_bf16
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half, prefetch_l2
+from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.vector_io import (
+    VECTOR,
+    high_half,
+    load_words,
+    low_half,
+    prefetch_l2,
+)
 
 DECODE_THREADS = 128
 TOKENS_PER_STEP = 4

@@ -44,11 +44,11 @@ from tinyvllm.kernels.attention_common import (
     lane_group_sum,
     rescale,
 )
-from tinyvllm.kernels.bf16 import f32_to_bf16
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.reduce import WARP
-from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
+from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.reduce import WARP
+from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 
 PREFILL_THREADS = 128
 ROWS_PER_THREAD = 4

@@ -30,9 +30,9 @@ from tinyvllm.kernels.attention_decode import (
     paged_decode_attention,
     partition_tokens,
 )
-from tinyvllm.kernels.bf16 import f32_to_bf16
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
 BLOCKS_PER_SM = 4
 """Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""

@@ -24,10 +24,16 @@ id, from the sampled-token buffer the previous step wrote, before the embedding 
 import numpy as np
 from numba import cuda
 
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.reduce import WARP
-from tinyvllm.kernels.vector_io import BF16_NAN_PAIR, VECTOR, check_rows_of_eight, load_words, store_words
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.reduce import WARP
+from tinyvllm.kernels.device.vector_io import (
+    BF16_NAN_PAIR,
+    VECTOR,
+    check_rows_of_eight,
+    load_words,
+    store_words,
+)
 
 MAX_THREADS = 256
 

@@ -33,10 +33,17 @@ import functools
 import numpy as np
 from numba import config, cuda, float32
 
-from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.vector_io import ALIGNMENT_BYTES, VECTOR, data_address, high_half, load_words, low_half
+from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.vector_io import (
+    ALIGNMENT_BYTES,
+    VECTOR,
+    data_address,
+    high_half,
+    load_words,
+    low_half,
+)
 
 BLOCK_M = 128
 BLOCK_N = 128

@@ -88,12 +88,12 @@ import math
 import numpy as np
 from numba import config, cuda, float32, uint32
 
-from tinyvllm.kernels.bf16 import bf16_to_f32
+from tinyvllm.kernels.device.bf16 import bf16_to_f32
+from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight
-from tinyvllm.kernels.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm
-from tinyvllm.kernels.vector_io import VECTOR, high_half, load_words, low_half
 
 MIN_THREADS = 64
 MAX_THREADS = 256

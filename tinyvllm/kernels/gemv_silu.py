@@ -16,8 +16,8 @@ import numpy as np
 from numba import cuda
 
 from tinyvllm.kernels.activation import silu_times
-from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.gemm import store_bf16
 from tinyvllm.kernels.gemv import launch
 from tinyvllm.kernels.rmsnorm import RMSNorm

@@ -25,7 +25,7 @@ import numpy as np
 
 from tinyvllm.kernels import cublas
 from tinyvllm.kernels.activation import silu_mul
-from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.gemm import check_linear, gemm
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv

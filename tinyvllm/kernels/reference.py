@@ -3,7 +3,7 @@
 Each function is the plain math of one operator, written for clarity, in whatever float
 dtype it is given: the tests call it in float64 to judge the kernels, and the NumPy
 backend calls it in float32 to run the model. bf16 never appears here; the callers widen
-and narrow (`tinyvllm.kernels.bf16`).
+and narrow (`tinyvllm.kernels.device.bf16`).
 
 Shapes follow the kernels: T tokens, Hq query heads, Hkv key/value heads, D head_dim,
 S sequences. The paged KV cache is `[num_blocks, block_size, Hkv, D]` per layer for K and

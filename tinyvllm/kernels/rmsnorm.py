@@ -22,10 +22,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, uint32
 
-from tinyvllm.kernels.checks import check_positive
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.reduce import WARP, block_sum
-from tinyvllm.kernels.vector_io import (
+from tinyvllm.kernels.device.checks import check_positive
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.reduce import WARP, block_sum
+from tinyvllm.kernels.device.vector_io import (
     VECTOR,
     check_rows_of_eight,
     high_half,

@@ -48,9 +48,16 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.vector_io import VECTOR, check_rows_of_eight, load_bf16x8, load_words, store_bf16x8, store_words
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.vector_io import (
+    VECTOR,
+    check_rows_of_eight,
+    load_bf16x8,
+    load_words,
+    store_bf16x8,
+    store_words,
+)
 
 MAX_THREADS = 256
 MAX_HEAD_DIM = 256

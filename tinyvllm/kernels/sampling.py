@@ -52,8 +52,10 @@ from collections.abc import Sequence
 import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
 
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max
+from tinyvllm.kernels.device.rng import GUMBEL_MAX, SALTS, gumbel, stream_key
 from tinyvllm.kernels.radix_select import (
     BLOCK,
     MAX_VOCAB,
@@ -63,8 +65,6 @@ from tinyvllm.kernels.radix_select import (
     ordered_key,
     radix_select,
 )
-from tinyvllm.kernels.reduce import argmax_better, block_argmax, block_max
-from tinyvllm.kernels.rng import GUMBEL_MAX, SALTS, gumbel, stream_key
 
 ROUND = BLOCK * UNROLL
 """Logits a block loads at once. Parts are whole rounds, so only the row's end needs padding."""

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.cuda_graphs import DecodeGraphs, graph_buckets
-from tinyvllm.memory import blocks_needed
-from tinyvllm.model import LlamaModel, StepInputs, Workspace
+from tinyvllm.engine.block_manager import blocks_needed
+from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
+from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.sequence import Sequence
+from tinyvllm.engine.step_inputs import HostStep, RunnerLimits, StepBuffers, build_step
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.llama import LlamaModel, StepInputs, Workspace
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.scheduler import ScheduledBatch
-from tinyvllm.sequence import Sequence
-from tinyvllm.step import HostStep, RunnerLimits, StepBuffers, build_step
 
 
 class ModelRunner:

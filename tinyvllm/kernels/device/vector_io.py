@@ -25,8 +25,8 @@ as in `reduce.py`.
 import numpy as np
 from numba import config, cuda
 
-from tinyvllm.kernels.bf16 import f32_to_bf16
-from tinyvllm.kernels.checks import check_array
+from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
 
 VECTOR = 8
 ALIGNMENT_BYTES = 16

@@ -11,11 +11,11 @@ every kernel), what is still free under that cap becomes KV blocks. An explicit
 import sys
 from dataclasses import dataclass
 
-from tinyvllm.backend import NumpyBackend
-from tinyvllm.config import ModelConfig
+from tinyvllm.backends.numpy_backend import NumpyBackend
+from tinyvllm.engine.model_runner import ModelRunner, kv_block_bytes
+from tinyvllm.engine.step_inputs import RunnerLimits
 from tinyvllm.hardware import has_cuda_gpu
-from tinyvllm.runner import ModelRunner, kv_block_bytes
-from tinyvllm.step import RunnerLimits
+from tinyvllm.model.config import ModelConfig
 
 BACKENDS = ("auto", "cuda", "numpy")
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -72,7 +72,7 @@ def make_backend(args: EngineArgs):
         if name == "numpy":
             print("tinyvllm: no CUDA GPU found; running on the NumPy backend (correct, but slow)", file=sys.stderr)
     if name == "cuda":
-        from tinyvllm.cuda_backend import CudaBackend
+        from tinyvllm.backends.cuda_backend import CudaBackend
 
         return CudaBackend(args.linear_backend)
     return NumpyBackend(args.activation_dtype)

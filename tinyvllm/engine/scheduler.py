@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tinyvllm.memory import BlockAllocator, blocks_needed
-from tinyvllm.sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
+from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 MODES = ("continuous", "static")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.sequence import RequestOutput
-from tinyvllm.tokenizer import Tokenizer, TokenizerError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 UNSUPPORTED = {  # field: the values that mean "not used"

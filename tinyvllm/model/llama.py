@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.config import ModelConfig
 from tinyvllm.kernels.activation import interleave_rows
 from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.kernels.rope import rope_inv_freq
+from tinyvllm.model.config import ModelConfig
 
 
 @dataclass

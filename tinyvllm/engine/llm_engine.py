@@ -1,4 +1,4 @@
-"""LLMEngine and LLM: requests in, tokens and text out.
+"""LLMEngine: requests in, tokens and text out.
 
 `LLMEngine` is the streaming interface (vLLM's names): `add_request`, then `step()` until
 `has_unfinished_requests()` is False, each step returning the requests that progressed;
@@ -15,16 +15,16 @@ import sys
 from collections.abc import Sequence as SequenceABC
 from pathlib import Path
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.detokenizer import IncrementalDetokenizer, find_stop_string
-from tinyvllm.engine_setup import EngineArgs, build_runner
-from tinyvllm.memory import BlockAllocator
+from tinyvllm.engine.block_manager import BlockAllocator
+from tinyvllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from tinyvllm.engine.model_runner import LaunchedStep
+from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from tinyvllm.engine.sequence import RequestOutput, Sequence
+from tinyvllm.engine.setup import EngineArgs, build_runner
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.tokenizer import Tokenizer
+from tinyvllm.model.weights import load_weights
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.runner import LaunchedStep
-from tinyvllm.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from tinyvllm.sequence import RequestOutput, Sequence
-from tinyvllm.tokenizer import Tokenizer
-from tinyvllm.weights import load_weights
 
 Prompt = str | list[int]
 
@@ -174,56 +174,8 @@ class LLMEngine:
         return None, list(prompt)
 
 
-class LLM:
-    """Offline generation: `LLM(model).generate(prompts, params)` -> list[RequestOutput]."""
-
-    def __init__(self, model: str | Path | None = None, **kwargs):
-        self.engine = LLMEngine(model, **kwargs)
-        self.tokenizer = self.engine.tokenizer
-
-    def generate(
-        self,
-        prompts: Prompt | list[Prompt],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in prompt order.
-
-        All prompts are validated before any runs: a bad one raises ValueError and none is queued.
-        """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
-        request_ids = []
-        try:
-            for prompt, params in zip(prompts, sampling_params):
-                request_ids.append(self.engine.add_request(prompt, params, final_only=True))
-        except ValueError:
-            for request_id in request_ids:
-                self.engine.abort(request_id)
-            raise
-        finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-        return [finished[request_id] for request_id in request_ids]
-
-    def chat(
-        self,
-        messages: list[dict] | list[list[dict]],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Apply the chat template (with the generation prompt) and generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode_chat(conversation) for conversation in conversations]
-        return self.generate(prompts, sampling_params)
-
-
 def _default_model_dir() -> Path:
-    from tinyvllm.default_model import default_model_dir
+    from tinyvllm.model.default_model import default_model_dir
 
     print("tinyvllm: no model given, using the embedded SmolLM2-135M-Instruct", file=sys.stderr)
     return default_model_dir()

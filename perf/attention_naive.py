@@ -20,10 +20,10 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.attention_common import check_heads
-from tinyvllm.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from tinyvllm.kernels.checks import check_array
-from tinyvllm.kernels.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.reduce import block_max, block_sum
+from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.reduce import block_max, block_sum
 
 THREADS = 128
 """Threads per block of all three kernels (a power of two, for the softmax's block reductions)."""

@@ -25,7 +25,7 @@ back until it can tell.
 
 from typing import Sequence
 
-from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.model.tokenizer import Tokenizer
 
 REPLACEMENT_CHARACTER = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET

@@ -8,7 +8,7 @@ history, `/exit` (or end of input) leaves.
 import sys
 from typing import TextIO
 
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 

@@ -9,7 +9,7 @@
 
 Both generation endpoints stream server-sent events with `"stream": true` (one chunk per
 step that made text final, then `data: [DONE]`), and answer with one JSON object otherwise.
-Request fields are described in `tinyvllm.protocol`. Errors come in OpenAI's shape: 400 for
+Request fields are described in `tinyvllm.serving.protocol`. Errors come in OpenAI's shape: 400 for
 a bad field or malformed JSON, 404 for another model's name, 413 for a body over the limit,
 503 once the engine has stopped. A client that goes away aborts its request, freeing its
 KV blocks at once, streaming or not.
@@ -37,14 +37,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tinyvllm.async_engine import AsyncEngine, EngineClosedError, RequestStream
-from tinyvllm.detokenizer import partial_stop_length
-from tinyvllm.engine import LLMEngine
-from tinyvllm.protocol import (
-    API, ChatAPI, CompletionsAPI, GenerationRequest, OpenAIError, bad_request, check_model, parse_chat,
-    parse_completion, response_head, usage,
+from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, RequestStream
+from tinyvllm.engine.detokenizer import partial_stop_length
+from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.serving.protocol import (
+    API,
+    ChatAPI,
+    CompletionsAPI,
+    GenerationRequest,
+    OpenAIError,
+    bad_request,
+    check_model,
+    parse_chat,
+    parse_completion,
+    response_head,
+    usage,
 )  # fmt: skip
-from tinyvllm.sequence import RequestOutput
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

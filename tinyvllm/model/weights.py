@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.kernels.bf16 import to_bf16
+from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.model.config import ModelConfig
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -20,9 +20,9 @@ from itertools import chain
 
 import numpy as np
 
-from tinyvllm.model import StepInputs
-from tinyvllm.scheduler import ScheduledBatch
-from tinyvllm.sequence import PENDING_TOKEN
+from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.sequence import PENDING_TOKEN
+from tinyvllm.model.llama import StepInputs
 
 
 @dataclass(frozen=True)

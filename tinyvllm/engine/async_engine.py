@@ -26,9 +26,9 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tinyvllm.engine import LLMEngine, Prompt
+from tinyvllm.engine.llm_engine import LLMEngine, Prompt
+from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.sequence import RequestOutput
 
 _ACCEPTED = object()  # the first item on a stream's queue when add_request succeeded
 

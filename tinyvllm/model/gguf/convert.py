@@ -6,7 +6,7 @@ converted once into `config.json`, `generation_config.json`, `tokenizer.json`,
 `tokenizer_config.json` and `model.safetensors`:
 
 - Tensors are dequantized to float32 and rounded to BF16 (the block formats are in
-  `tinyvllm.gguf_format`).
+  `tinyvllm.model.gguf.format`).
 - GGUF lists a tensor's dimensions fastest first (ne0 = in_features), the reverse of NumPy's
   order, so GGUF's [ne0, ne1] is HF's [out, in] = [ne1, ne0]; GGUFReader already hands the
   data over in NumPy order.
@@ -15,7 +15,7 @@ converted once into `config.json`, `generation_config.json`, `tokenizer.json`,
   stored at 2i + j. `undo_rope_permutation` puts the rows back (heads of K: the KV heads).
 - Names map `blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight` and so on; no
   `output.weight` means the LM head is the embedding table (tied).
-- The tokenizer is rebuilt from `tokenizer.ggml.*` (see `tinyvllm.gguf_tokenizer`).
+- The tokenizer is rebuilt from `tokenizer.ggml.*` (see `tinyvllm.model.gguf.tokenizer`).
 
 Only the `llama` architecture without RoPE scaling is converted; anything else is refused
 with a `GGUFError` naming the file and what it lacks.
@@ -29,10 +29,16 @@ import numpy as np
 from gguf import GGUFReader
 from tqdm import tqdm
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.gguf_format import SUPPORTED_TYPES, GGUFError, dequantize_to_bf16, read_metadata, require
-from tinyvllm.gguf_tokenizer import build_tokenizer, tokenizer_config
-from tinyvllm.weights import save_safetensors, weight_shapes
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.gguf.format import (
+    SUPPORTED_TYPES,
+    GGUFError,
+    dequantize_to_bf16,
+    read_metadata,
+    require,
+)
+from tinyvllm.model.gguf.tokenizer import build_tokenizer, tokenizer_config
+from tinyvllm.model.weights import save_safetensors, weight_shapes
 
 ARCHITECTURE = "llama"
 DEFAULT_ROPE_THETA = 10000.0

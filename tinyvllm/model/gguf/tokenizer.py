@@ -19,9 +19,17 @@ decoding with skip_special_tokens); user-defined ones plain added tokens.
 
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+)
 
-from tinyvllm.gguf_format import GGUFError, require
+from tinyvllm.model.gguf.format import GGUFError, require
 
 CONTROL = 3
 USER_DEFINED = 4

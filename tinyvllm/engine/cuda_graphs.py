@@ -17,7 +17,7 @@ the runner's, so all graphs share the same memory.
 
 import numpy as np
 
-from tinyvllm.step import HostStep, StepBuffers
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 16

@@ -1,0 +1,1 @@
+"""Backends: where arrays live and which code runs each operator."""

@@ -1,0 +1,1 @@
+"""The engine: requests in, scheduled steps through the model runner, tokens out."""

@@ -1,0 +1,1 @@
+"""The model: its config, weights, tokenizer and the Llama forward pass."""

@@ -1,0 +1,1 @@
+"""GGUF files: read, dequantize and convert into a Hugging Face directory."""

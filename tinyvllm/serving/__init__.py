@@ -1,0 +1,1 @@
+"""Serving: the OpenAI-compatible HTTP server, its protocol and the chat loop."""
