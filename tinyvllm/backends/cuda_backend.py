@@ -13,7 +13,8 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.kernels import attention_prefill, attention_split, embedding, sampling
+from tinyvllm.backends.variants import VariantTable
+from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 
@@ -23,11 +24,15 @@ if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without thes
 
 
 class CudaBackend:
+    """The Backend protocol (`base.py`) on the GPU; each operator runs the kernels that the
+    variant table (`variants.py`) picks for its shapes."""
+
     name = "cuda"
     activation_dtype = np.dtype(np.uint16)
+    has_device_memory = True
 
     def __init__(self, linear_backend: str = "auto"):
-        self.linear_backend = linear_backend
+        self.variants = VariantTable(linear_backend, multiprocessors.multiprocessor_count(), cublas.available())
         self.simulated = config.ENABLE_CUDASIM
         self.can_capture_graphs = not self.simulated
         if self.can_capture_graphs:
@@ -138,16 +143,18 @@ class CudaBackend:
         embedding.embedding(indices, source, out, stream=self.stream)
 
     def linear(self, x, weight, out, norm=None, accumulate=False) -> None:
-        linear(x, weight, out, norm=norm, accumulate=accumulate, backend=self.linear_backend, stream=self.stream)
+        linear(x, weight, out, kernel=self.variants.product(x.shape[0]), norm=norm, accumulate=accumulate,
+               stream=self.stream)
 
     def linear_rope_write_kv(
         self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=None
     ) -> None:
-        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm,
-                             backend=self.linear_backend, stream=self.stream)
+        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
+                             kernel=self.variants.product(x.shape[0]), norm=norm, stream=self.stream)
 
     def linear_silu_mul(self, x, weight, gate_up, out, norm=None) -> None:
-        linear_silu_mul(x, weight, gate_up, out, norm=norm, backend=self.linear_backend, stream=self.stream)
+        linear_silu_mul(x, weight, gate_up, out, kernel=self.variants.product(x.shape[0]), norm=norm,
+                        stream=self.stream)
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(
@@ -163,8 +170,10 @@ class CudaBackend:
         return self.empty(shape, np.float32)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        partitions = self.variants.decode_partitions(q.shape[0], num_kv_heads, block_tables.shape[1] * block_size)
         attention_split.decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, scratch, stream=self.stream
+            q, k_cache, v_cache, block_tables, context_lens, out, scratch, partitions, stream=self.stream
         )
 
     def sample_scratch(self, max_rows: int, vocab: int):

@@ -1,9 +1,9 @@
 """Backends: where the model's arrays live and which code runs its operators.
 
-The model (`model.py`) is written once, as a sequence of operator calls on a backend.
-Both backends offer the same operators with the kernels' signatures (inputs, then
-preallocated outputs), so the forward pass and the engine above it do not know which
-one they run on:
+The model (`model/llama.py`) is written once, as a sequence of operator calls on a
+backend. Both backends implement the Backend protocol (`base.py`: the operators with the
+kernels' signatures, inputs then preallocated outputs), so the forward pass and the
+engine above it do not know which one they run on:
 
 - `CudaBackend`: arrays are Numba device arrays; each operator is a `@cuda.jit` kernel
   (or cuBLAS) launched on one stream, which the runner can capture into a CUDA graph.
@@ -30,6 +30,7 @@ class NumpyBackend:
     """The NumPy reference operators behind the kernel signatures (host memory)."""
 
     name = "numpy"
+    has_device_memory = False
     can_capture_graphs = False
 
     def __init__(self, activation_dtype: str = "float32"):
@@ -74,6 +75,19 @@ class NumpyBackend:
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the host."""
+
+    def memory_info(self) -> tuple[int, int]:
+        raise NotImplementedError("memory_info: the NumPy backend holds host memory (has_device_memory is False)")
+
+    # -- graphs: none on the host ---------------------------------------------------
+    def begin_capture(self) -> None:
+        raise NotImplementedError("begin_capture: the NumPy backend cannot capture graphs")
+
+    def end_capture(self) -> None:
+        raise NotImplementedError("end_capture: the NumPy backend cannot capture graphs")
+
+    def launch_graph(self, graph: None) -> None:
+        raise NotImplementedError("launch_graph: the NumPy backend cannot capture graphs")
 
     # -- activations in and out ----------------------------------------------------
     @staticmethod

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyvllm.backends.base import Backend
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.engine.scheduler import ScheduledBatch
@@ -26,7 +27,7 @@ from tinyvllm.sampling_params import SamplingParams
 
 
 class ModelRunner:
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend, limits: RunnerLimits):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend, limits: RunnerLimits):
         self.config = config
         self.backend = backend
         self.limits = limits

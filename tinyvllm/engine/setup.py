@@ -85,7 +85,7 @@ def build_runner(config: ModelConfig, weights, args: EngineArgs) -> tuple[ModelR
     runner = ModelRunner(config, weights, backend, limits)
     block_bytes = kv_block_bytes(config, limits.block_size, backend.activation_dtype)
     num_blocks = args.num_blocks
-    if num_blocks is None and backend.name == "cuda":
+    if num_blocks is None and backend.has_device_memory:
         runner.warm_up()
         free, total = backend.memory_info()
         num_blocks = int((free - (1 - args.gpu_memory_utilization) * total) // block_bytes)

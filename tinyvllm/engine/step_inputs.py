@@ -20,6 +20,7 @@ from itertools import chain
 
 import numpy as np
 
+from tinyvllm.backends.base import Backend
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
 from tinyvllm.model.llama import StepInputs
@@ -126,7 +127,7 @@ class StepBuffers:
 
     ALIGNMENT = 256
 
-    def __init__(self, backend, limits: RunnerLimits):
+    def __init__(self, backend: Backend, limits: RunnerLimits):
         tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
         self.backend = backend
         shapes = {

@@ -270,8 +270,9 @@ def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, stream) -> int:
-    """result: out (bf16, normalised) for the whole context, or the float32 workspace of a split.
+def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, split, stream) -> int:
+    """result: out (bf16, normalised) for the whole context, or with `split` the float32
+    workspace of a split into `partitions` parts.
 
     Returns the kernel's loop step (tokens per block per iteration), which cuts partitions.
     """
@@ -279,7 +280,6 @@ def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, parti
     _, block_size, num_kv_heads, _ = k_cache.shape
     threads = max(DECODE_THREADS, head_dim // VECTOR)
     group = num_heads // num_kv_heads
-    split = result.dtype == np.float32
     tokens_per_step = SPLIT_TOKENS_PER_STEP if split else TOKENS_PER_STEP
     kernel = _decode_kernel(head_dim, group, threads, tokens_per_step, split)
     grid = (num_kv_heads, num_seqs, partitions)
@@ -299,4 +299,4 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out,
     num_seqs = check_decode(q, k_cache, v_cache, block_tables, context_lens, out)[0]
     if num_seqs == 0:
         return
-    launch_decode(q, k_cache, v_cache, block_tables, context_lens, out, 1, stream)
+    launch_decode(q, k_cache, v_cache, block_tables, context_lens, out, 1, False, stream)

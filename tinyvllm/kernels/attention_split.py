@@ -12,9 +12,9 @@ few, and a captured CUDA graph (whose grid is fixed) still splits every context 
 Blocks past the end of a short context find their part empty and return at once; the
 merge reads only the parts that hold tokens, which it works out from the context length
 the same way.
-`decode_attention` is the one entry the model calls: it picks the number of partitions
-from the batch, the table width and the size of the GPU (`decode_partitions`), and runs
-whichever fits.
+`decode_attention` is the one entry the CUDA backend calls, with the number of partitions
+that the variant table picks (backends/variants.py `decode_partitions`): one runs the
+kernel over whole contexts, more the split and its merge.
 """
 
 import math
@@ -36,9 +36,6 @@ from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_g
 
 BLOCKS_PER_SM = 4
 """Decode blocks of DECODE_THREADS that one SM holds at once (the launch bounds see to it)."""
-MIN_PARTITION_TOKENS = 64
-"""Split-K cuts a block table's width into parts no shorter than this (one loop step of a
-block at D = 64), so that a full-length context gives every block a step of work."""
 MAX_PARTITIONS = 64
 """Partitions are the grid's z dimension, which CUDA caps at 64."""
 MERGE_THREADS = 128
@@ -113,7 +110,7 @@ def split_decode_attention(
         raise ValueError(f"workspace: {rows} rows, needs S * Hq * num_partitions = {needed}")
     if num_seqs == 0:
         return
-    step = launch_decode(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, stream)
+    step = launch_decode(q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, True, stream)
     merge_partitions(workspace, context_lens, num_partitions, step, out, stream=stream)
 
 
@@ -125,21 +122,6 @@ def merge_partitions(workspace, context_lens, num_partitions: int, step: int, ou
     _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
 
 
-# --8<-- [start:partitions]
-def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, max_grid: int) -> int:
-    """How many parts to cut each context into: enough blocks to fill the GPU, none tiny.
-
-    max_grid is the number of decode blocks the GPU holds at once (BLOCKS_PER_SM per SM).
-    S * Hkv blocks that already fill it need no split; fewer get as many parts as keep
-    the grid within it (MAX_PARTITIONS at most), but no more than leave each part of
-    max_context_len (the block table's width) MIN_PARTITION_TOKENS long.
-    """
-    by_occupancy = max_grid // max(1, num_seqs * num_kv_heads)
-    by_length = max_context_len // MIN_PARTITION_TOKENS
-    return max(1, min(by_occupancy, by_length, MAX_PARTITIONS))
-# --8<-- [end:partitions]
-
-
 def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int) -> tuple[int, int]:
     """The float32 workspace of `decode_attention` on a GPU with num_sms SMs, for any batch.
 
@@ -148,23 +130,20 @@ def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num
     return (BLOCKS_PER_SM * num_sms * (num_heads // num_kv_heads), head_dim + WORKSPACE_EXTRA)
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, workspace, *, stream=0) -> None:
-    """Decode attention; split-K when the batch alone cannot fill the GPU.
+def decode_attention(
+    q, k_cache, v_cache, block_tables, context_lens, out, workspace, num_partitions: int, *, stream=0
+) -> None:
+    """Decode attention with each context in `num_partitions` parts: 1 runs
+    `paged_decode_attention`, more `split_decode_attention`.
 
-    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`;
-    its row count tells how large a grid the GPU holds. The number of partitions depends
-    only on shapes (S, Hkv, max_blocks * block_size, the workspace), so a captured CUDA
-    graph replays the same choice.
+    workspace: float32 of `decode_workspace_shape(Hq, Hkv, D, multiprocessor_count())`, which
+    holds the partitions of any batch that the variant table splits.
     """
-    num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks = check_decode(
-        q, k_cache, v_cache, block_tables, context_lens, out
-    )
-    rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
-    max_grid = rows // (num_heads // num_kv_heads)
-    partitions = decode_partitions(num_seqs, num_kv_heads, max_blocks * block_size, max_grid)
-    if partitions == 1:
+    head_dim = check_decode(q, k_cache, v_cache, block_tables, context_lens, out)[3]
+    check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
+    if num_partitions == 1:
         paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, stream=stream)
     else:
         split_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, workspace, partitions, stream=stream
+            q, k_cache, v_cache, block_tables, context_lens, out, workspace, num_partitions, stream=stream
         )

@@ -1,16 +1,12 @@
-"""The linear layer, y = x @ W^T: one entry point over the matrix-product kernels.
+"""The linear layer, y = x @ W^T, on the matrix-product kernel the caller names.
 
-    backend   kernel
+    kernel    runs
     "cublas"  cuBLAS cublasGemmEx on tensor cores (kernels/cublas.py)
     "tiled"   the tiled Numba GEMM, for many rows of x (kernels/gemm.py)
     "gemv"    the Numba matrix-vector kernel, for at most gemv.MAX_ROWS rows (kernels/gemv.py)
-    "numba"   gemv up to GEMV_ROWS rows of x, tiled above
-    "auto"    on a real GPU with CuPy installed: gemv for one row of x, cuBLAS above;
-              else "numba"
 
-The product is arithmetic-bound only when x has many rows; for a handful of rows (decode)
-it is bound by reading W, which is what the GEMV kernel is built for. Two products take
-the next operator with them, fused into the GEMV's store where the GEMV runs:
+Which kernel fits a call is the variant table's choice (backends/variants.py). Two products
+take the next operator with them, fused into the GEMV's store where the GEMV runs:
 `linear_silu_mul` is the MLP's gate|up product with SwiGLU's activation, and
 `linear_rope_write_kv` the attention block's q|k|v product with RoPE and the KV write.
 
@@ -27,47 +23,32 @@ from tinyvllm.kernels import cublas
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.gemm import check_linear, gemm
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv
+from tinyvllm.kernels.gemv import gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
 from tinyvllm.kernels.rmsnorm import RMSNorm, rmsnorm
 from tinyvllm.kernels.rope import check_rope_targets, rope_write_kv
 
-GEMV_ROWS = MAX_ROWS
-""""numba" uses the GEMV kernel up to this many rows of x (confirm with perf/bench_gemm.py)."""
-AUTO_GEMV_ROWS = 1
-""""auto" uses the GEMV kernel up to this many rows: at M = 1 it reads the weights as fast
-as cuBLAS or faster on every Llama 3.2 1B layer (H200, perf/bench_gemm.py), above it
-cuBLAS pulls ahead."""
-
 LAUNCHERS = {"cublas": cublas.cublas_gemm, "tiled": gemm, "gemv": gemv}
-BACKENDS = ("auto", "numba", *LAUNCHERS)
+"""The product kernels by name."""
 
 
 # --8<-- [start:dispatch]
-def linear(x, weight, out, *, norm: RMSNorm | None = None, accumulate: bool = False, backend: str = "auto",
+def linear(x, weight, out, *, kernel: str, norm: RMSNorm | None = None, accumulate: bool = False,
            stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out);
     of rmsnorm(x) * norm.weight with `norm`; out += the product (bf16) with `accumulate`."""
-    m, _, _ = check_linear(x, weight, out, accumulate=accumulate)
-    backend = choose_backend(backend, m)
-    if backend == "gemv":
+    check_linear(x, weight, out, accumulate=accumulate)
+    check_kernel(kernel)
+    if kernel == "gemv":
         gemv(x, weight, out, norm=norm, accumulate=accumulate, stream=stream)
     else:
-        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, out, accumulate=accumulate, stream=stream)
+        LAUNCHERS[kernel](normed_rows(x, norm, stream), weight, out, accumulate=accumulate, stream=stream)
 
 
-def choose_backend(backend: str, m: int) -> str:
-    """The kernel that `backend` runs for x of m rows: "cublas", "tiled" or "gemv"."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if backend == "auto" and cublas.available():
-        backend = "gemv" if m <= AUTO_GEMV_ROWS else "cublas"
-    elif backend == "auto":
-        backend = "numba"
-    if backend == "numba":
-        backend = "gemv" if m <= GEMV_ROWS else "tiled"
-    return backend
+def check_kernel(kernel: str) -> None:
+    if kernel not in LAUNCHERS:
+        raise ValueError(f"kernel: expected one of {tuple(LAUNCHERS)}, got {kernel!r}")
 
 
 def normed_rows(x, norm: RMSNorm | None, stream):
@@ -80,8 +61,7 @@ def normed_rows(x, norm: RMSNorm | None, stream):
 # --8<-- [end:dispatch]
 
 
-def linear_silu_mul(x, weight, gate_up, out, *, norm: RMSNorm | None = None, backend: str = "auto",
-                    stream=0) -> None:
+def linear_silu_mul(x, weight, gate_up, out, *, kernel: str, norm: RMSNorm | None = None, stream=0) -> None:
     """out[M, I] = silu(gate) * up of x @ weight^T, weight[2I, K] interleaving gate and up rows.
 
     The GEMV stores the activation itself (`gemv_silu.gemv_silu_mul`); the other kernels write
@@ -94,16 +74,16 @@ def linear_silu_mul(x, weight, gate_up, out, *, norm: RMSNorm | None = None, bac
         raise ValueError(f"weight: {rows} rows, expected (gate, up) pairs")
     check_array("gate_up", gate_up, np.uint16, (m, rows))
     check_array("out", out, np.uint16, (m, rows // 2))
-    backend = choose_backend(backend, m)
-    if backend == "gemv":
+    check_kernel(kernel)
+    if kernel == "gemv":
         gemv_silu_mul(x, weight, out, norm=norm, stream=stream)
     else:
-        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, gate_up, stream=stream)
+        LAUNCHERS[kernel](normed_rows(x, norm, stream), weight, gate_up, stream=stream)
         silu_mul(gate_up, out, stream=stream)
 
 
 def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
-                         norm: RMSNorm | None = None, backend: str = "auto", stream=0) -> None:
+                         kernel: str, norm: RMSNorm | None = None, stream=0) -> None:
     """q, k_cache and v_cache as `rope.rope_write_kv` writes them from qkv = x @ weight^T.
 
     The GEMV turns the pairs in its store (`gemv_rope.gemv_rope_write_kv`) and leaves qkv
@@ -113,10 +93,10 @@ def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k
     m, n, _ = check_linear(x, weight, qkv, "qkv")
     check_array("qkv", qkv, np.uint16, (m, n))
     check_rope_targets(m, n, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
-    backend = choose_backend(backend, m)
-    if backend == "gemv":
+    check_kernel(kernel)
+    if kernel == "gemv":
         gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm,
                            stream=stream)
     else:
-        LAUNCHERS[backend](normed_rows(x, norm, stream), weight, qkv, stream=stream)
+        LAUNCHERS[kernel](normed_rows(x, norm, stream), weight, qkv, stream=stream)
         rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)

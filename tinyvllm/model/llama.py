@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyvllm.backends.base import Backend, DeviceArray
 from tinyvllm.kernels.activation import interleave_rows
 from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.kernels.rope import rope_inv_freq
@@ -60,19 +61,19 @@ class StepInputs:
 
 @dataclass
 class LayerWeights:
-    input_norm: object
-    qkv_proj: object
-    o_proj: object
-    post_attention_norm: object
-    gate_up_proj: object
-    down_proj: object
+    input_norm: DeviceArray
+    qkv_proj: DeviceArray
+    o_proj: DeviceArray
+    post_attention_norm: DeviceArray
+    gate_up_proj: DeviceArray
+    down_proj: DeviceArray
 
 
 # --8<-- [start:workspace]
 class Workspace:
     """The activation buffers of the largest step, allocated once."""
 
-    def __init__(self, backend, config: ModelConfig, max_tokens: int, max_sampled: int):
+    def __init__(self, backend: Backend, config: ModelConfig, max_tokens: int, max_sampled: int):
         dtype = backend.activation_dtype
         hidden = config.hidden_size
         self.residual = backend.empty((max_tokens, hidden), dtype)
@@ -92,7 +93,7 @@ class Workspace:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend):
         self.config = config
         self.backend = backend
         self.embed_tokens = backend.weight(weights["model.embed_tokens.weight"])
@@ -104,7 +105,7 @@ class LlamaModel:
         self.layers = [self._layer(weights, f"model.layers.{i}.", backend) for i in range(config.num_hidden_layers)]
 
     @staticmethod
-    def _layer(weights: dict[str, np.ndarray], prefix: str, backend) -> LayerWeights:
+    def _layer(weights: dict[str, np.ndarray], prefix: str, backend: Backend) -> LayerWeights:
         attention = prefix + "self_attn."
         qkv = np.concatenate([weights[attention + name + "_proj.weight"] for name in ("q", "k", "v")])
         gate_up = interleave_rows(weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"])
