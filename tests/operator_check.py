@@ -14,39 +14,25 @@ compounds: a correct kernel differs by rare one-ulp roundings, a wrong one by fa
 import numpy as np
 
 from tests.helpers import relative_error
+from tinyvllm.backends.base import ModelOperators, Role, methods, parameters_in_role
 from tinyvllm.backends.numpy_backend import NumpyBackend
 from tinyvllm.kernels.device.bf16 import from_bf16
 from tinyvllm.kernels.rmsnorm import RMSNorm
 from tinyvllm.sampling_params import SamplingParams
 
-OUTPUTS = {
-    "embedding": ("out",),
-    "gather_rows": ("out",),
-    "linear": ("out",),
-    "linear_rope_write_kv": ("q", "k_cache", "v_cache"),
-    "linear_silu_mul": ("out",),
-    "prefill_attention": ("out",),
-    "decode_attention": ("out",),
-}
-"""The operators of the forward pass and the arguments they write."""
-PARAMETERS = {
-    "embedding": ("token_ids", "table", "out"),
-    "gather_rows": ("indices", "source", "out"),
-    "linear": ("x", "weight", "out", "norm", "accumulate"),
-    "linear_rope_write_kv": (
-        "x", "weight", "qkv", "positions", "inv_freq", "slot_mapping", "q", "k_cache", "v_cache", "norm"
-    ),
-    "linear_silu_mul": ("x", "weight", "gate_up", "out", "norm"),
-    "prefill_attention": ("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens", "out"),
-    "decode_attention": ("q", "k_cache", "v_cache", "block_tables", "context_lens", "out", "scratch"),
-}
+PARAMETERS = {name: tuple(signature.parameters) for name, signature in methods(ModelOperators).items()}
+"""The operators of the forward pass and their parameters, from the Backend protocol."""
+OUTPUTS = {name: parameters_in_role(ModelOperators, name, Role.OUTPUT) for name in PARAMETERS}
+"""The arguments each operator writes its results to."""
+WEIGHTS = {name: parameters_in_role(ModelOperators, name, Role.WEIGHT) for name in PARAMETERS}
+"""Arguments that the GPU holds as bf16 bits and the NumPy backend as float32."""
+SCRATCH = {name: parameters_in_role(ModelOperators, name, Role.SCRATCH) for name in PARAMETERS}
+"""A backend's own workspace: the NumPy reference needs none."""
 NORMED = " (normed)"
 """Appended to an operator's name in the errors when it applies the RMSNorm before its product."""
 ACCUMULATED = " (+=)"
 """Appended when it adds its product to the residual stream."""
 ALWAYS_NORMED = ("linear_rope_write_kv", "linear_silu_mul")
-WEIGHTS = ("table", "weight")
-"""Arguments that the GPU holds as bf16 bits and the NumPy backend as float32."""
 
 
 def _host(value):
@@ -83,11 +69,11 @@ class OperatorCheck:
             arguments = dict(zip(PARAMETERS[name], args)) | kwargs
             self.backend.synchronize()
             inputs = {key: _host(value) for key, value in arguments.items()}
-            for key in WEIGHTS:
-                if key in inputs and inputs[key].dtype == np.uint16:
+            for key in WEIGHTS[name]:
+                if inputs[key].dtype == np.uint16:
                     inputs[key] = from_bf16(inputs[key])
-            if name == "decode_attention":
-                inputs["scratch"] = None
+            for key in SCRATCH[name]:
+                inputs[key] = None
             operator(*args, **kwargs)
             self.backend.synchronize()
             getattr(self.reference, name)(**inputs)

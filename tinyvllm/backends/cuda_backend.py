@@ -13,7 +13,7 @@ import numpy as np
 from numba import config, cuda
 from numba.cuda.cudadrv.driver import device_memset
 
-from tinyvllm.backends.variants import VariantTable
+from tinyvllm.backends.variants import VariantTable, decode_shape
 from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -170,8 +170,7 @@ class CudaBackend:
         return self.empty(shape, np.float32)
 
     def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
-        _, block_size, num_kv_heads, _ = k_cache.shape
-        partitions = self.variants.decode_partitions(q.shape[0], num_kv_heads, block_tables.shape[1] * block_size)
+        partitions = self.variants.decode_partitions(*decode_shape(q, k_cache, block_tables))
         attention_split.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, out, scratch, partitions, stream=self.stream
         )

@@ -78,6 +78,14 @@ def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, ma
 # --8<-- [end:partitions]
 
 
+def decode_shape(q, k_cache, block_tables) -> tuple[int, int, int]:
+    """What decode attention's split depends on: (sequences, KV heads, the block table's
+    width in tokens), from q[S, Hq, D], k_cache[blocks, block_size, Hkv, D] and
+    block_tables[S, max_blocks]. The width, not the context: a graph's split is fixed."""
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    return q.shape[0], num_kv_heads, block_tables.shape[1] * block_size
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel an operator call launches: its name (a launcher in tinyvllm/kernels) and
@@ -128,3 +136,9 @@ class VariantTable:
         if partitions == 1:
             return (KernelLaunch("paged_decode_attention"),)
         return KernelLaunch("split_decode_attention", partitions), KernelLaunch("merge_partitions")
+
+    @staticmethod
+    def sample_launches(rows: int) -> tuple[KernelLaunch, ...]:
+        """The sampler's kernels for `rows` rows of logits: the best of each part of each row,
+        then the best of the parts (kernels/sampling.py); none for no rows."""
+        return (KernelLaunch("sample_parts"), KernelLaunch("sample")) if rows else ()

@@ -1,0 +1,168 @@
+"""`tinyvllm kernels`: the exact list of kernels one decode step launches on the GPU.
+
+The list is not written out by hand: the real runner (`ModelRunner`: the forward pass of
+`LlamaModel`, the sampler, the CUDA graph of the batch's bucket) runs one decode step on
+the recording backend (`recording.py`), which asks the variant table what each operator
+call launches. Only the model's config is read (no weights), and no GPU is needed: the
+GPU is described by its SM count and whether cuBLAS runs there.
+"""
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+H200_SMS = 132
+"""The SM count of the H200 the project measures on: the default GPU."""
+DEFAULT_CONTEXT = 32
+"""Tokens each sequence has in its cache: the kernels do not depend on it (only the block
+table's width, from max_model_len, does), but a step needs one."""
+
+
+class _ZeroWeights(Mapping):
+    """Every tensor a Llama of `config` loads, as zeros that hold no memory (read-only
+    broadcasts of one zero), made when the model asks for it."""
+
+    def __init__(self, config):
+        from tinyvllm.model.weights import weight_shapes
+
+        self.shapes = weight_shapes(config)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.broadcast_to(np.uint16(0), self.shapes[name])
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def load_model_config(path: str | Path):
+    """The ModelConfig of a model directory, or of a config.json file itself."""
+    from tinyvllm.model.config import ModelConfig
+
+    path = Path(path)
+    if path.is_dir():
+        return ModelConfig.from_dir(path)
+    return ModelConfig.from_dict(json.loads(path.read_text()), source=str(path))
+
+
+def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, num_sms: int = H200_SMS,
+                        cublas_available: bool = True, **engine_options) -> list:
+    """The OperatorCalls, in launch order, of one decode step of `batch` sequences of
+    `context` cached tokens each, as the engine built with `engine_options` (LLM's
+    keyword arguments: linear_backend, max_model_len, block_size, max_num_seqs,
+    enforce_eager) runs it on a GPU of num_sms SMs."""
+    from tinyvllm.backends.recording import RecordingBackend
+    from tinyvllm.backends.variants import VariantTable
+    from tinyvllm.engine.block_manager import blocks_needed
+    from tinyvllm.engine.model_runner import ModelRunner
+    from tinyvllm.engine.scheduler import ScheduledBatch
+    from tinyvllm.engine.sequence import Sequence
+    from tinyvllm.engine.setup import EngineArgs
+    from tinyvllm.sampling_params import SamplingParams
+
+    args = EngineArgs(backend="cuda", **engine_options)
+    limits = args.limits(config)
+    if not 1 <= batch <= limits.max_num_seqs:
+        raise ValueError(f"batch: must be 1 to max_num_seqs ({limits.max_num_seqs}), got {batch}")
+    if not 1 <= context < limits.max_model_len:
+        raise ValueError(f"context: must be 1 to max_model_len - 1 ({limits.max_model_len - 1}), got {context}")
+    backend = RecordingBackend(VariantTable(args.linear_backend, num_sms, cublas_available))
+    runner = ModelRunner(config, _ZeroWeights(config), backend, limits)
+    blocks_per_seq = blocks_needed(context + 1, limits.block_size)
+    runner.allocate_kv_cache(batch * blocks_per_seq)
+    if not args.enforce_eager:
+        runner.capture_decode_graphs()
+    seqs = []
+    for index in range(batch):
+        seq = Sequence(f"seq-{index}", [0] * context, SamplingParams(temperature=0.0, max_tokens=2))
+        seq.block_table = list(range(index * blocks_per_seq, (index + 1) * blocks_per_seq))
+        seq.num_computed_tokens = context
+        seq.append_token(0)
+        seqs.append(seq)
+    step = ScheduledBatch(
+        seqs=seqs, num_scheduled_tokens=np.ones(batch, np.int32), samples=np.ones(batch, bool), num_decodes=batch
+    )
+    backend.calls.clear()
+    runner.execute(step)
+    return backend.calls
+
+
+def decode_kernel_count(config, batch: int, **options) -> int:
+    """How many kernels one decode step launches (options as in `decode_step_kernels`)."""
+    return sum(len(call.kernels) for call in decode_step_kernels(config, batch, **options))
+
+
+def split_layers(calls: list) -> tuple[list, list[list], list]:
+    """(the calls before the layers, each layer's calls, the calls after them): a layer
+    starts at its q|k|v product, and the last one ends where the sampled rows are gathered."""
+    starts = [i for i, call in enumerate(calls) if call.operator == "linear_rope_write_kv"]
+    end = next(i for i, call in enumerate(calls) if call.operator == "gather_rows")
+    layers = [calls[start:stop] for start, stop in zip(starts, [*starts[1:], end])]
+    return calls[: starts[0]], layers, calls[end:]
+
+
+def format_kernels(calls: list, num_layers: int) -> str:
+    """The kernel list as text: before the layers, per layer (once when all layers are
+    alike, as in a decode step), after them, and the total."""
+    before, layers, after = split_layers(calls)
+    if len(layers) != num_layers:
+        raise ValueError(f"found {len(layers)} layers in the step, the config has {num_layers}")
+
+    def block(title: str, section: list) -> list[str]:
+        count = sum(len(call.kernels) for call in section)
+        lines = [f"{title}: {count} kernels"]
+        lines += [f"  {call.operator:<22} {', '.join(map(str, call.kernels))}" for call in section]
+        return lines
+
+    lines = block("before the layers", before)
+    if all(layer == layers[0] for layer in layers):
+        lines += block(f"each of the {num_layers} layers", layers[0])
+    else:
+        for index, layer in enumerate(layers):
+            lines += block(f"layer {index}", layer)
+    lines += block("after the layers", after)
+    per_section = [sum(len(call.kernels) for call in section) for section in (before, *layers, after)]
+    lines.append(f"total: {sum(per_section)} kernels")
+    return "\n".join(lines)
+
+
+ENGINE_OPTIONS = {
+    "linear_backend": (str, "the matrix-product kernels, as the engine option"),
+    "max_model_len": (int, "as the engine option: the decode split depends on the block table's width"),
+    "block_size": (int, "as the engine option"),
+    "max_num_seqs": (int, "as the engine option: it sets the CUDA graphs' batch buckets"),
+}
+"""The engine options the command passes on when given (the engine's own defaults otherwise)."""
+
+
+def add_parser(subcommands) -> argparse.ArgumentParser:
+    """Add the `kernels` command to the CLI's subcommands (importing nothing heavy: `--help` stays fast)."""
+    parser = subcommands.add_parser("kernels", help="the kernels one decode step launches on the GPU, from the config")
+    parser.add_argument("--model", required=True, help="a model directory, or its config.json")
+    parser.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
+    parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                        help=f"cached tokens per sequence (default {DEFAULT_CONTEXT}; the kernels do not depend on it)")
+    parser.add_argument("--sms", type=int, default=H200_SMS, help=f"the GPU's SM count (default {H200_SMS}, the H200)")
+    parser.add_argument("--no-cublas", action="store_true", help="a GPU without cuBLAS (CuPy not installed)")
+    for name, (kind, text) in ENGINE_OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: the batch as it is")
+    parser.set_defaults(handler=run_kernels)
+    return parser
+
+
+def run_kernels(args: argparse.Namespace) -> None:
+    """Print the decode step's kernel list for the command's arguments."""
+    config = load_model_config(args.model)
+    given = {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name) is not None}
+    calls = decode_step_kernels(config, args.batch, context=args.context, num_sms=args.sms,
+                                cublas_available=not args.no_cublas, enforce_eager=args.enforce_eager, **given)
+    cublas = "without cuBLAS" if args.no_cublas else "with cuBLAS"
+    options = "".join(f", {name} {value!r}" for name, value in given.items())
+    print(f"{args.model}: one decode step of {args.batch} sequences on a GPU of {args.sms} SMs {cublas}{options}")
+    print(format_kernels(calls, config.num_hidden_layers))
