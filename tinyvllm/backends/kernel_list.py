@@ -58,24 +58,35 @@ def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, n
     enforce_eager) runs it on a GPU of num_sms SMs."""
     from tinyvllm.backends.recording import RecordingBackend
     from tinyvllm.backends.variants import VariantTable
-    from tinyvllm.engine.block_manager import blocks_needed
     from tinyvllm.engine.model_runner import ModelRunner
-    from tinyvllm.engine.scheduler import ScheduledBatch
-    from tinyvllm.engine.sequence import Sequence
     from tinyvllm.engine.setup import EngineArgs
-    from tinyvllm.sampling_params import SamplingParams
 
     args = EngineArgs(backend="cuda", **engine_options)
     limits = args.limits(config)
+    backend = RecordingBackend(VariantTable(args.linear_backend, num_sms, cublas_available))
+    runner = ModelRunner(config, _ZeroWeights(config), backend, limits)
+    step = prepare_decode_step(runner, batch, context, capture_graphs=not args.enforce_eager)
+    backend.calls.clear()
+    runner.execute(step)
+    return backend.calls
+
+
+def prepare_decode_step(runner, batch: int, context: int, *, capture_graphs: bool):
+    """Give the runner a KV arena (and its CUDA graphs where `capture_graphs` and its
+    backend can), and return a decode step of `batch` sequences of `context` cached tokens."""
+    from tinyvllm.engine.block_manager import blocks_needed
+    from tinyvllm.engine.scheduler import ScheduledBatch
+    from tinyvllm.engine.sequence import Sequence
+    from tinyvllm.sampling_params import SamplingParams
+
+    limits = runner.limits
     if not 1 <= batch <= limits.max_num_seqs:
         raise ValueError(f"batch: must be 1 to max_num_seqs ({limits.max_num_seqs}), got {batch}")
     if not 1 <= context < limits.max_model_len:
         raise ValueError(f"context: must be 1 to max_model_len - 1 ({limits.max_model_len - 1}), got {context}")
-    backend = RecordingBackend(VariantTable(args.linear_backend, num_sms, cublas_available))
-    runner = ModelRunner(config, _ZeroWeights(config), backend, limits)
     blocks_per_seq = blocks_needed(context + 1, limits.block_size)
     runner.allocate_kv_cache(batch * blocks_per_seq)
-    if not args.enforce_eager:
+    if capture_graphs and runner.backend.can_capture_graphs:
         runner.capture_decode_graphs()
     seqs = []
     for index in range(batch):
@@ -84,12 +95,9 @@ def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, n
         seq.num_computed_tokens = context
         seq.append_token(0)
         seqs.append(seq)
-    step = ScheduledBatch(
+    return ScheduledBatch(
         seqs=seqs, num_scheduled_tokens=np.ones(batch, np.int32), samples=np.ones(batch, bool), num_decodes=batch
     )
-    backend.calls.clear()
-    runner.execute(step)
-    return backend.calls
 
 
 def decode_kernel_count(config, batch: int, **options) -> int:
