@@ -26,6 +26,7 @@ import numpy as np
 from perf.models import model_dir
 from perf.profile_step import graph_us, run_prefills
 from perf.timing import result_header
+from tinyvllm.backends import variants
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.kernels import attention_split
 from tinyvllm.sampling_params import SamplingParams
@@ -68,11 +69,11 @@ def ablate(engine: LLMEngine, partitions: list[int]) -> list[dict]:
     attention_split._merge_partitions_kernel = _NoLaunch()
     rows.append({"variant": "without split-K's merge", "graph_us": ablated_graph_us(engine)})
     attention_split._merge_partitions_kernel = merge
-    choose = attention_split.decode_partitions
+    choose = variants.decode_partitions
     for count in partitions:
-        attention_split.decode_partitions = lambda *args, count=count: count
+        variants.decode_partitions = lambda *args, count=count: count
         rows.append({"variant": f"{count} partitions", "graph_us": ablated_graph_us(engine)})
-    attention_split.decode_partitions = choose
+    variants.decode_partitions = choose
     rows.append({"variant": "full graph again", "graph_us": ablated_graph_us(engine)})
     full = rows[0]["graph_us"]
     for row in rows:

@@ -33,13 +33,13 @@ from numba import config, cuda
 
 from perf.attention_naive import naive_attention, naive_scratch_shape
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
+from tinyvllm.backends.variants import decode_partitions, decode_shape
 from tinyvllm.kernels import attention_decode, attention_prefill
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     decode_attention,
-    decode_partitions,
     decode_workspace_shape,
     split_decode_attention,
 )
@@ -107,10 +107,11 @@ def decode_case(cache: Cache, num_seqs: int, context: int, repeats: int) -> dict
     workspace = cuda.device_array((num_seqs * Q_HEADS * partitions, HEAD_DIM + 2), np.float32)
     auto_shape = decode_workspace_shape(Q_HEADS, KV_HEADS, HEAD_DIM, multiprocessor_count())
     auto_workspace = cuda.device_array(auto_shape, np.float32)
+    auto_partitions = decode_partitions(*decode_shape(args[0], cache.k, tables), max_grid)
     plain_out, split_out, auto_out = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM) for _ in range(3))
     plain = median_ms(lambda: paged_decode_attention(*args, plain_out), repeats=repeats)
     split = median_ms(lambda: split_decode_attention(*args, split_out, workspace, partitions), repeats=repeats)
-    auto = median_ms(lambda: decode_attention(*args, auto_out, auto_workspace), repeats=repeats)
+    auto = median_ms(lambda: decode_attention(*args, auto_out, auto_workspace, auto_partitions), repeats=repeats)
     kv_bytes = num_seqs * context * KV_HEADS * HEAD_DIM * 2 * 2
     flops = 4 * num_seqs * context * Q_HEADS * HEAD_DIM
     expected = cache.decode_reference(args[0], tables, context)

@@ -48,6 +48,7 @@ from numba.cuda import dispatcher as cuda_dispatcher
 
 from perf.timing import result_header
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
+from tinyvllm.backends.variants import VariantTable, decode_shape
 from tinyvllm.kernels import attention_split, embedding, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
 from tinyvllm.kernels.device import multiprocessors
@@ -130,24 +131,27 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     logits = np.empty((batch, vocab), np.float32)
     parts = sampling.sample_workspace_shape(batch, vocab)
     norm = RMSNorm(bf16(hidden), config.rms_norm_eps, normed)
+    variants = VariantTable("numba", H200.MULTIPROCESSOR_COUNT, cublas_available=False)
+    kernel = variants.product(batch)
+    partitions = variants.decode_partitions(*decode_shape(q, k_cache, tables))
     params = (np.ones(batch, np.float32), np.full(batch, -1, np.int32), np.ones(batch, np.float32),
               np.zeros(batch, np.uint64), np.zeros(batch, np.int64))
     yield "embedding", lambda: embedding.embedding(int32(batch), bf16(vocab, hidden), residual)
     yield "linear_rope_write_kv", lambda: linear_rope_write_kv(
         residual, bf16(qkv.shape[1], hidden), qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache,
-        norm=norm, backend="numba",
+        norm=norm, kernel=kernel,
     )
     yield "rope_write_kv", lambda: rope.rope_write_kv(qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache)
     yield "decode_attention", lambda: attention_split.decode_attention(
-        q, k_cache, v_cache, tables, lens, attn, workspace
+        q, k_cache, v_cache, tables, lens, attn, workspace, partitions
     )
     yield "linear (o)", lambda: linear(attn.reshape(batch, -1), bf16(hidden, config.q_size), residual,
-                                       accumulate=True, backend="numba")
+                                       accumulate=True, kernel=kernel)
     yield "linear_silu_mul", lambda: linear_silu_mul(residual, bf16(gate_up.shape[1], hidden), gate_up, act,
-                                                     norm=norm, backend="numba")
+                                                     norm=norm, kernel=kernel)
     yield "linear (down)", lambda: linear(act, bf16(hidden, config.intermediate_size), residual, accumulate=True,
-                                          backend="numba")
-    yield "linear (lm head)", lambda: linear(residual, bf16(vocab, hidden), logits, norm=norm, backend="numba")
+                                          kernel=kernel)
+    yield "linear (lm head)", lambda: linear(residual, bf16(vocab, hidden), logits, norm=norm, kernel=kernel)
     yield "sample", lambda: sampling.sample(logits, *params, int32(batch), np.empty(parts, np.float32),
                                             np.empty(parts, np.int32))
 

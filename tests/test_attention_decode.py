@@ -15,14 +15,14 @@ from tests.helpers import (
     relative_error,
     widen,
 )
-from tinyvllm.kernels import attention_decode, attention_split
+from tinyvllm.backends import variants
+from tinyvllm.backends.variants import MIN_PARTITION_TOKENS, decode_partitions, decode_shape
+from tinyvllm.kernels import attention_decode
 from tinyvllm.kernels.attention_decode import MAX_GROUP, paged_decode_attention
 from tinyvllm.kernels.attention_split import (
     BLOCKS_PER_SM,
     MAX_PARTITIONS,
-    MIN_PARTITION_TOKENS,
     decode_attention,
-    decode_partitions,
     decode_workspace_shape,
     merge_partitions,
     split_decode_attention,
@@ -154,8 +154,10 @@ def test_decode_attention_matches_reference_whichever_path_it_takes(batch, num_s
     out = poisoned(batch.q.shape)
     with pytest.MonkeyPatch.context() as patch:
         # Simulator contexts are tiny: let them split too.
-        patch.setattr(attention_split, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
-        decode_attention(*_device(batch), out, poisoned(shape, np.float32))
+        patch.setattr(variants, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
+        partitions = decode_partitions(*decode_shape(batch.q, batch.k_cache, batch.block_tables),
+                                       BLOCKS_PER_SM * num_sms)
+    decode_attention(*_device(batch), out, poisoned(shape, np.float32), partitions)
     assert relative_error(widen(out), batch.expected()) <= BF16_TOLERANCE
 
 
@@ -225,7 +227,7 @@ def test_bad_arguments_raise_before_launch(name, make):
     arguments = _arguments()
     arguments[name] = make(arguments)
     with pytest.raises(ValueError, match=name):
-        decode_attention(**arguments)
+        decode_attention(**arguments, num_partitions=2)
 
 
 def test_bad_head_shapes_raise():
@@ -235,7 +237,7 @@ def test_bad_head_shapes_raise():
         arguments = _arguments()
         arguments["q"] = cuda.to_device(np.zeros((2, 3, 16), np.uint16))
         arguments["out"] = poisoned((2, 3, 16))
-        decode_attention(**arguments)
+        decode_attention(**arguments, num_partitions=2)
 
 
 def test_split_needs_enough_workspace_rows_and_partitions():
@@ -262,4 +264,4 @@ def test_llama_1b_decode_batch_at_long_context():
 def test_more_query_heads_per_kv_head_than_a_block_serves_raise():
     arguments = _arguments(num_heads=2 * (MAX_GROUP + 1), num_kv_heads=2)
     with pytest.raises(ValueError, match=f"at most {MAX_GROUP} per KV head"):
-        decode_attention(**arguments)
+        decode_attention(**arguments, num_partitions=2)

@@ -4,6 +4,8 @@ Every variant is checked against the float64 NumPy reference and against the oth
 GEMV kernel's own properties are in test_gemv.py, which shares this module's helpers.
 """
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,11 +20,12 @@ from tests.helpers import (
     relative_error,
     widen,
 )
-from tinyvllm.kernels import reference
+from tinyvllm.backends.variants import GEMV_ROWS, product_kernel
+from tinyvllm.kernels import cublas, reference
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.gemm import BLOCK_K, BLOCK_M, BLOCK_N, gemm
 from tinyvllm.kernels.gemv import gemv
-from tinyvllm.kernels.linear import GEMV_ROWS, linear
+from tinyvllm.kernels.linear import linear
 
 FLOAT32_TOLERANCE = 2e-5
 """float32 sums of bf16 products: the only error is float32 rounding, ~sqrt(K) ulps."""
@@ -64,18 +67,20 @@ def test_tiled_gemm_matches_reference(problem, out_dtype):
     assert_close(run(gemm, x, weight, out_dtype), expected(x, weight), out_dtype)
 
 
-@pytest.mark.parametrize("backend", ["auto", "numba"])
+@pytest.mark.parametrize("linear_backend", ["auto", "numba"])
 @given(problem=problems(max_m=pick(12, 64)))
-def test_linear_matches_reference(backend, problem):
+def test_linear_matches_reference(linear_backend, problem):
     x, weight = problem
-    assert_close(run(linear, x, weight, np.float32, backend=backend), expected(x, weight), np.float32)
+    kernel = product_kernel(linear_backend, x.shape[0], cublas.available())
+    assert_close(run(linear, x, weight, np.float32, kernel=kernel), expected(x, weight), np.float32)
 
 
 def test_numba_backend_crosses_to_the_tiled_kernel_past_gemv_rows():
     rng = np.random.default_rng(7)
     for m in (GEMV_ROWS, GEMV_ROWS + 1):
         x, weight = random_bf16(rng, (m, 24)), random_bf16(rng, (5, 24))
-        assert_close(run(linear, x, weight, np.uint16, backend="numba"), expected(x, weight), np.uint16)
+        kernel = product_kernel("numba", m, cublas.available())
+        assert_close(run(linear, x, weight, np.uint16, kernel=kernel), expected(x, weight), np.uint16)
 
 
 def test_misaligned_rows_take_the_element_wise_path():
@@ -157,7 +162,8 @@ BAD_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("launcher", [gemm, gemv, linear], ids=["tiled", "gemv", "linear"])
+@pytest.mark.parametrize("launcher", [gemm, gemv, functools.partial(linear, kernel="tiled")],
+                         ids=["tiled", "gemv", "linear"])
 @pytest.mark.parametrize("name, make_bad", BAD_ARGUMENTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_ARGUMENTS)])
 def test_bad_arguments_raise_before_launch(launcher, name, make_bad):
     arguments = _valid_arguments()
@@ -169,7 +175,7 @@ def test_bad_arguments_raise_before_launch(launcher, name, make_bad):
     np.testing.assert_array_equal(out.copy_to_host().view(np.uint8), before.view(np.uint8))
 
 
-def test_linear_rejects_an_unknown_backend():
+def test_linear_rejects_an_unknown_kernel():
     arguments = _valid_arguments()
-    with pytest.raises(ValueError, match="backend"):
-        linear(arguments["x"], arguments["weight"], arguments["out"], backend="cutlass")
+    with pytest.raises(ValueError, match="kernel"):
+        linear(arguments["x"], arguments["weight"], arguments["out"], kernel="cutlass")

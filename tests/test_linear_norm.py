@@ -29,7 +29,7 @@ from tinyvllm.kernels.gemv import MAX_ROWS
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.kernels.rmsnorm import RMSNorm
 
-BACKENDS = ("gemv", "tiled")
+KERNELS = ("gemv", "tiled")
 NORMED_GEMV_TOLERANCE = 1e-4
 """The GEMV's float32 sums of the unrounded normed row: float32 rounding, and the rms."""
 
@@ -72,14 +72,14 @@ def norm_on_device(x, gain, eps) -> RMSNorm:
     return RMSNorm(cuda.to_device(gain), eps, poisoned(x.shape))
 
 
-@given(products(), st.sampled_from([np.uint16, np.float32]), st.sampled_from(BACKENDS))
-def test_normed_product_matches_reference(problem, out_dtype, backend):
+@given(products(), st.sampled_from([np.uint16, np.float32]), st.sampled_from(KERNELS))
+def test_normed_product_matches_reference(problem, out_dtype, kernel):
     x, weight, gain, eps = problem
     out = poisoned((x.shape[0], weight.shape[0]), out_dtype)
-    linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), backend=backend)
+    linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), kernel=kernel)
     actual = widen(out) if out_dtype == np.uint16 else out.copy_to_host().astype(np.float64)
     error = relative_error(actual, reference.linear(normed(x, gain, eps), widen(weight)))
-    exact_norm = backend == "gemv" and out_dtype == np.float32
+    exact_norm = kernel == "gemv" and out_dtype == np.float32
     assert error <= (NORMED_GEMV_TOLERANCE if exact_norm else BF16_TOLERANCE)
 
 
@@ -88,40 +88,40 @@ def test_normed_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms)
     x, weight, gain, eps = problem
     out = poisoned((1, weight.shape[0]), np.float32)
     with small_gpu(num_sms):
-        linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), backend="gemv")
+        linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), kernel="gemv")
     expected = reference.linear(normed(x, gain, eps), widen(weight))
     assert relative_error(out.copy_to_host(), expected) <= NORMED_GEMV_TOLERANCE
 
 
-@given(products(), st.sampled_from(BACKENDS))
-def test_accumulated_product_matches_reference(problem, backend):
+@given(products(), st.sampled_from(KERNELS))
+def test_accumulated_product_matches_reference(problem, kernel):
     x, weight, _, _ = problem
     prior = prior_residual(x, weight)
     out = cuda.to_device(prior)
-    linear(cuda.to_device(x), cuda.to_device(weight), out, accumulate=True, backend=backend)
+    linear(cuda.to_device(x), cuda.to_device(weight), out, accumulate=True, kernel=kernel)
     expected = widen(prior) + reference.linear(widen(x), widen(weight))
     assert relative_error(widen(out), expected) <= BF16_TOLERANCE
 
 
-@given(products(), st.sampled_from(BACKENDS))
-def test_normed_gate_up_with_silu_matches_reference(problem, backend):
+@given(products(), st.sampled_from(KERNELS))
+def test_normed_gate_up_with_silu_matches_reference(problem, kernel):
     x, weight, gain, eps = problem
     # (gate, up) pairs, a whole number of chunks of them: the unfused activation needs it
     weight = np.resize(weight, (16 * -(-weight.shape[0] // 8), weight.shape[1]))
     out = poisoned((x.shape[0], weight.shape[0] // 2))
     linear_silu_mul(cuda.to_device(x), cuda.to_device(weight), poisoned((x.shape[0], weight.shape[0])), out,
-                    norm=norm_on_device(x, gain, eps), backend=backend)
+                    norm=norm_on_device(x, gain, eps), kernel=kernel)
     silu_tests.assert_matches_reference(out.copy_to_host(), normed_bits(x, gain, eps), weight)
 
 
-@given(rope_tests.problems(whole_vectors=True), st.data(), st.sampled_from(BACKENDS))
-def test_normed_qkv_with_rope_matches_reference(problem, data, backend):
+@given(rope_tests.problems(whole_vectors=True), st.data(), st.sampled_from(KERNELS))
+def test_normed_qkv_with_rope_matches_reference(problem, data, kernel):
     x = problem["x"]
     gain, eps = data.draw(gains(x.shape[1]))
     arguments = rope_tests.on_device(problem)
     qkv = poisoned((x.shape[0], problem["weight"].shape[0]))
     linear_rope_write_kv(arguments.pop("x"), arguments.pop("weight"), qkv, **arguments,
-                         norm=norm_on_device(x, gain, eps), backend=backend)
+                         norm=norm_on_device(x, gain, eps), kernel=kernel)
     rope_tests.assert_matches_reference(rope_tests.targets(arguments), problem | {"x": normed_bits(x, gain, eps)})
 
 
@@ -132,7 +132,7 @@ def test_cublas_normed_and_accumulated_products_match_reference(problem):
     prior = prior_residual(x, weight)
     out = cuda.to_device(prior)
     linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), accumulate=True,
-           backend="cublas")
+           kernel="cublas")
     expected = widen(prior) + reference.linear(normed(x, gain, eps), widen(weight))
     assert relative_error(widen(out), expected) <= BF16_TOLERANCE
 
@@ -152,9 +152,9 @@ def test_accumulating_needs_a_bf16_out():
         (lambda: RMSNorm(cuda.to_device(np.zeros(16, np.uint16)), 0.0, poisoned((1, 16))), "^eps"),
     ],
 )
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_bad_norm_is_refused_by_name(norm, message, backend):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_bad_norm_is_refused_by_name(norm, message, kernel):
     rng = np.random.default_rng(5)
     x, weight = cuda.to_device(random_bf16(rng, (1, 16))), cuda.to_device(random_bf16(rng, (3, 16)))
     with pytest.raises(ValueError, match=message):
-        linear(x, weight, poisoned((1, 3)), norm=norm(), backend=backend)
+        linear(x, weight, poisoned((1, 3)), norm=norm(), kernel=kernel)

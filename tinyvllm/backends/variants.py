@@ -52,6 +52,7 @@ PRODUCT_KERNELS = {"cublas": "cublas_gemm", "tiled": "gemm"}
 """The launcher of each product kernel that leaves the norm and the epilogue to kernels of their own."""
 
 
+# --8<-- [start:dispatch]
 def product_kernel(linear_backend: str, rows: int, cublas_available: bool) -> str:
     """The matrix-product kernel `linear_backend` runs for x of `rows` rows: "cublas", "tiled" or "gemv"."""
     if linear_backend not in LINEAR_BACKENDS:
@@ -61,6 +62,7 @@ def product_kernel(linear_backend: str, rows: int, cublas_available: bool) -> st
     if linear_backend in ("auto", "numba"):
         return "gemv" if rows <= GEMV_ROWS else "tiled"
     return linear_backend
+# --8<-- [end:dispatch]
 
 
 # --8<-- [start:partitions]
