@@ -32,7 +32,6 @@ class CudaBackend:
     has_device_memory = True
 
     def __init__(self, linear_backend: str = "auto"):
-        self.variants = VariantTable(linear_backend, multiprocessors.multiprocessor_count(), cublas.available())
         self.simulated = config.ENABLE_CUDASIM
         self.can_capture_graphs = not self.simulated
         if self.can_capture_graphs:
@@ -43,6 +42,7 @@ class CudaBackend:
             self._capture_launches = contextlib.ExitStack()
         else:
             self.stream = cuda.stream()
+        self.variants = VariantTable(linear_backend, multiprocessors.multiprocessor_count(), cublas.available())
 
     # -- memory -----------------------------------------------------------------
     def weight(self, bits: np.ndarray):
@@ -164,8 +164,7 @@ class CudaBackend:
     def decode_scratch(self, max_seqs: int, config):
         """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
         shape = attention_split.decode_workspace_shape(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            multiprocessors.multiprocessor_count(),
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, self.variants.num_sms
         )
         return self.empty(shape, np.float32)
 
