@@ -186,7 +186,7 @@ def test_a_weight_that_is_not_the_heads_q_k_v_is_rejected(launch):
     problem["weight"] = problem["weight"][:-16]
     arguments = on_device(problem)
     if launch is linear_rope_write_kv:
-        arguments["qkv"] = poisoned((2, problem["weight"].shape[0]))
+        arguments |= {"qkv": poisoned((2, problem["weight"].shape[0])), "kernel": "gemv"}
     with pytest.raises(ValueError, match="^weight: .* q.k.v features"):
         launch(**arguments)
 

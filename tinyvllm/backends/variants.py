@@ -1,6 +1,7 @@
 """The variant table: which kernels each operator call launches on the GPU, and with what split.
 
-Every choice of kernel the CUDA backend makes is made here, from the shape of the call
+Which kernels the CUDA backend runs for each operator, and how decode attention splits,
+is decided here (each launcher still sizes its own grid), from the shape of the call
 (rows of x, sequences, the block table's width) and of the GPU (its SM count, whether
 cuBLAS runs there), and from the `linear_backend` engine option:
 
