@@ -38,6 +38,8 @@ for stage in $stages; do
     tests)
       run python3 -c "from tinyvllm.model.default_model import default_model_dir; default_model_dir()"
       export SUITE_DURATIONS="$OUT/test_durations.tsv"
+      # one BLAS/OpenMP thread a worker: sixteen workers with sixteen threads each thrash the cores
+      export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
       run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n "$(nproc)" -m "not serial" tests \
         --ignore=tests/test_hub.py --ignore=tests/test_default_model.py \
         --ignore=tests/test_llama3_tokenizer.py --ignore=tests/test_gguf.py \
