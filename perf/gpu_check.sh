@@ -47,7 +47,8 @@ for stage in $stages; do
         --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py \
         --ignore=tests/test_docs.py --ignore=tests/test_reference_forward.py
       run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n 0 -m serial tests
-      sort -rn "$SUITE_DURATIONS" | head -25 ;;
+      sort -rn "$SUITE_DURATIONS" | head -25
+      unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS ;;
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
