@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
+from tests.test_gguf_quants import quantize_or_random, random_blocks
 from tinyvllm import gguf_format, hub
 from tinyvllm.config import ModelConfig
 from tinyvllm.gguf import GGUFError, convert_gguf, hf_tensor_name, undo_rope_permutation
@@ -129,7 +130,7 @@ def write_llama_gguf(path, *, types=MIXED_TYPES, tied=False, metadata=None, drop
         elif role == "attn_k":
             gguf_layout = _llamacpp_permute(weight, sizes["kv_heads"])
         tensor_type = GGMLType.F32 if weight.ndim == 1 else types.get(role, GGMLType.F32)
-        stored = gguf_quants.quantize(gguf_layout, tensor_type)
+        stored = quantize_or_random(rng, gguf_layout, tensor_type)
         writer.add_tensor(f"{name}.weight", stored, raw_dtype=tensor_type)
         written[name] = (weight, tensor_type, stored)
     writer.write_header_to_file()
@@ -184,9 +185,9 @@ def test_dequantize_to_bf16_in_chunks_equals_whole(tensor_type, monkeypatch):
 
 
 def test_unsupported_block_type_is_refused_by_dequantize():
-    stored = gguf_quants.quantize(np.ones((1, 32), np.float32), GGMLType.Q5_0)
-    with pytest.raises(GGUFError, match="Q5_0"):
-        dequantize(stored, GGMLType.Q5_0)
+    stored = random_blocks(np.random.default_rng(0), (1, 32), GGMLType.IQ4_NL)
+    with pytest.raises(GGUFError, match="IQ4_NL"):
+        dequantize(stored, GGMLType.IQ4_NL)
 
 
 # Q/K permutation ------------------------------------------------------------------------
@@ -262,16 +263,10 @@ def test_converted_directory_loads_in_our_loaders_and_transformers(tmp_path):
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
-    write_llama_gguf(tmp_path / "q5.gguf", types=MIXED_TYPES | {"ffn_up": GGMLType.Q5_0})
-    with pytest.raises(GGUFError, match=r"blk\.0\.ffn_up\.weight.*Q5_0"):
-        convert_gguf(tmp_path / "q5.gguf", tmp_path / "hf", progress=False)
-    assert not (tmp_path / "hf").exists()
-
-
-def test_sentencepiece_vocabulary_is_refused(tmp_path):
-    write_llama_gguf(tmp_path / "spm.gguf", metadata={"tokenizer.ggml.model": "llama"})
-    with pytest.raises(GGUFError, match="SentencePiece"):
-        convert_gguf(tmp_path / "spm.gguf", tmp_path / "hf", progress=False)
+    write_llama_gguf(tmp_path / "iq4.gguf", types=MIXED_TYPES | {"ffn_up": GGMLType.IQ4_NL})
+    with pytest.raises(GGUFError, match=r"blk\.0\.ffn_up\.weight.*IQ4_NL"):
+        convert_gguf(tmp_path / "iq4.gguf", tmp_path / "hf", progress=False)
+    assert list(tmp_path.iterdir()) == [tmp_path / "iq4.gguf"]
 
 
 def test_unknown_pre_tokenizer_is_refused(tmp_path):
