@@ -36,7 +36,7 @@ MERGES = ["Ġ t", "h e", "Ġt he", "l l", "ll o", "1 2"]
 TOKENS = SPECIALS + BYTES + ["Ġt", "he", "Ġthe", "ll", "llo", "12"]
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
-TINY = dict(hidden=64, heads=4, kv_heads=2, layers=2, intermediate=96)
+TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "layers": 2, "intermediate": 96}
 # One type per role, so every supported format appears in one file.
 MIXED_TYPES = {
     "token_embd": GGMLType.Q8_0,

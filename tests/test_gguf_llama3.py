@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFWriter
 from gguf import GGMLQuantizationType as GGMLType
+from gguf import GGUFWriter
 from tokenizers.pre_tokenizers import ByteLevel
 
 from tests.helpers import next_token_logits
