@@ -79,12 +79,12 @@ def _metadata(hidden, heads, kv_heads, layers, intermediate) -> dict:
     }
 
 
-def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied) -> dict[str, np.ndarray]:
+def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied, vocab) -> dict[str, np.ndarray]:
     """Random float32 weights by GGUF name, in HF orientation ([out, in]) and HF Q/K row order."""
     head_dim = hidden // heads
-    shapes = {"token_embd": (len(TOKENS), hidden), "output_norm": (hidden,)}
+    shapes = {"token_embd": (vocab, hidden), "output_norm": (hidden,)}
     if not tied:
-        shapes["output"] = (len(TOKENS), hidden)
+        shapes["output"] = (vocab, hidden)
     for i in range(layers):
         shapes |= {
             f"blk.{i}.attn_norm": (hidden,),
@@ -122,7 +122,7 @@ def write_llama_gguf(path, *, types=MIXED_TYPES, tied=False, metadata=None, drop
         else:
             writer.add_array(key, value)
     written = {}
-    for name, weight in _hf_weights(rng, **sizes, tied=tied).items():
+    for name, weight in _hf_weights(rng, **sizes, tied=tied, vocab=len(meta["tokenizer.ggml.tokens"])).items():
         role = name.split(".")[-1]
         gguf_layout = weight
         if role == "attn_q":
