@@ -39,6 +39,12 @@ _MIN_KV_BYTES = 8 + 4 + 1
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 
 
+def _quoted(name: str) -> str:
+    """A key or tensor name for a message: quoted, and cut short when a corrupt length made it huge."""
+    text = repr(name)
+    return text if len(text) <= 64 else text[:60] + "...'"
+
+
 class _Cursor:
     """Reads little-endian fields from the file's bytes, failing with the file's name and the offset."""
 
@@ -71,8 +77,8 @@ class _Cursor:
         left = len(self.data) - self.offset
         if value * min_item_bytes > left:
             raise self.fail(
-                f"{what}: a count of {value} cannot be true (at least {value * min_item_bytes} bytes, "
-                f"{left} left in the file)"
+                f"{what}: a count of {value} cannot be true, or the file is truncated: it needs at least "
+                f"{value * min_item_bytes} more bytes and the file ends at byte {len(self.data)}"
             )
         return value
 
@@ -86,18 +92,18 @@ def _min_value_bytes(value_type: int) -> int:
 def _skip_value(cursor: _Cursor, value_type: int, key: str):
     """Step over one value, checked; returns it when it is a scalar (for general.alignment), else None."""
     if value_type in _SCALARS:
-        return cursor.scalar(_SCALARS[value_type], f"the value of {key!r}")
+        return cursor.scalar(_SCALARS[value_type], f"the value of {_quoted(key)}")
     if value_type == GGUFValueType.STRING:
-        cursor.string(f"the value of {key!r}")
+        cursor.string(f"the value of {_quoted(key)}")
         return None
     if value_type != GGUFValueType.ARRAY:
-        raise cursor.fail(f"key {key!r} has unknown value type {value_type}")
-    item_type = cursor.scalar("<I", f"the item type of {key!r}")
+        raise cursor.fail(f"key {_quoted(key)} has unknown value type {value_type}")
+    item_type = cursor.scalar("<I", f"the item type of {_quoted(key)}")
     if item_type not in _SCALARS and item_type not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
-        raise cursor.fail(f"array {key!r} has unknown item type {item_type}")
-    length = cursor.count(f"array {key!r}", _min_value_bytes(item_type))
+        raise cursor.fail(f"array {_quoted(key)} has unknown item type {item_type}")
+    length = cursor.count(f"array {_quoted(key)}", _min_value_bytes(item_type))
     if item_type in _SCALARS:
-        cursor.take(length * struct.calcsize(_SCALARS[item_type]), f"the items of {key!r}")
+        cursor.take(length * struct.calcsize(_SCALARS[item_type]), f"the items of {_quoted(key)}")
     else:
         for index in range(length):
             _skip_value(cursor, item_type, f"{key}[{index}]")
@@ -106,14 +112,14 @@ def _skip_value(cursor: _Cursor, value_type: int, key: str):
 
 def _tensor_info(cursor: _Cursor, index: int) -> tuple[str, list[int], GGMLType, int]:
     name = cursor.string(f"the name of tensor #{index}")
-    n_dims = cursor.scalar("<I", f"the dimension count of {name!r}")
+    n_dims = cursor.scalar("<I", f"the dimension count of {_quoted(name)}")
     if not 1 <= n_dims <= MAX_DIMS:
-        raise cursor.fail(f"tensor {name!r} has {n_dims} dimensions, which cannot be true (GGML has 1 to {MAX_DIMS})")
-    dims = list(struct.unpack(f"<{n_dims}Q", cursor.take(8 * n_dims, f"the dimensions of {name!r}")))
-    type_id = cursor.scalar("<I", f"the type of {name!r}")
+        raise cursor.fail(f"tensor {_quoted(name)} has {n_dims} dimensions, which cannot be true (GGML has 1 to {MAX_DIMS})")
+    dims = list(struct.unpack(f"<{n_dims}Q", cursor.take(8 * n_dims, f"the dimensions of {_quoted(name)}")))
+    type_id = cursor.scalar("<I", f"the type of {_quoted(name)}")
     if type_id not in GGMLType._value2member_map_:
-        raise cursor.fail(f"tensor {name!r} has unknown GGML type id {type_id}")
-    offset = cursor.scalar("<Q", f"the data offset of {name!r}")
+        raise cursor.fail(f"tensor {_quoted(name)} has unknown GGML type id {type_id}")
+    offset = cursor.scalar("<Q", f"the data offset of {_quoted(name)}")
     return name, dims, GGMLType(type_id), offset
 
 
@@ -129,15 +135,18 @@ def check_gguf(path: str | Path, data: bytes | mmap.mmap) -> None:
     tensor_count = cursor.scalar("<Q", "the tensor count")
     kv_count = cursor.count("the key/value pairs", _MIN_KV_BYTES)
     if tensor_count * _MIN_TENSOR_INFO_BYTES > len(data):
-        raise cursor.fail(f"a tensor count of {tensor_count} cannot be true in a file of {len(data)} bytes")
+        raise cursor.fail(
+            f"a tensor count of {tensor_count} cannot be true, or the file is truncated: it needs at least "
+            f"{tensor_count * _MIN_TENSOR_INFO_BYTES} bytes and the file ends at byte {len(data)}"
+        )
 
     keys, alignment = set(), DEFAULT_ALIGNMENT
     for index in range(kv_count):
         key = cursor.string(f"key #{index}")
         if key in keys:
-            raise cursor.fail(f"key {key!r} appears twice")
+            raise cursor.fail(f"key {_quoted(key)} appears twice")
         keys.add(key)
-        value_type = cursor.scalar("<I", f"the value type of {key!r}")
+        value_type = cursor.scalar("<I", f"the value type of {_quoted(key)}")
         value = _skip_value(cursor, value_type, key)
         if key == "general.alignment":
             if value_type != GGUFValueType.UINT32 or value <= 0 or value & (value - 1):
@@ -149,12 +158,12 @@ def check_gguf(path: str | Path, data: bytes | mmap.mmap) -> None:
     names = set()
     for name, dims, tensor_type, offset in infos:
         if name in names:
-            raise cursor.fail(f"tensor {name!r} appears twice")
+            raise cursor.fail(f"tensor {_quoted(name)} appears twice")
         names.add(name)
         block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
         if dims[0] % block_size:
             raise cursor.fail(
-                f"tensor {name!r} has rows of {dims[0]} values, not whole {tensor_type.name} blocks of {block_size}"
+                f"tensor {_quoted(name)} has rows of {dims[0]} values, not whole {tensor_type.name} blocks of {block_size}"
             )
         elements = 1
         for dim in dims:
@@ -162,7 +171,7 @@ def check_gguf(path: str | Path, data: bytes | mmap.mmap) -> None:
         end = data_start + offset + elements // block_size * block_bytes
         if offset % alignment or end > len(data):
             where = "is misaligned" if offset % alignment else f"ends at byte {end}, past the end of the file"
-            raise cursor.fail(f"tensor {name!r} data (offset {offset}) {where} ({len(data)} bytes)")
+            raise cursor.fail(f"tensor {_quoted(name)} data (offset {offset}) {where} ({len(data)} bytes)")
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
