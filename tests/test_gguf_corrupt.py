@@ -127,3 +127,28 @@ def test_empty_and_missing_files(tmp_path):
     assert "truncated at byte 0 of 4" in str(_convert(tmp_path, b""))
     with pytest.raises(GGUFError, match=r"nothing\.gguf: cannot be read"):
         convert_gguf(tmp_path / "nothing.gguf", tmp_path / "out", progress=False)
+
+
+def test_cli_says_it_in_one_line(tmp_path, valid):
+    from tinyvllm.cli import main
+
+    data, _ = valid
+    (tmp_path / "cut.gguf").write_bytes(data[:1000])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", str(tmp_path / "cut.gguf"), str(tmp_path / "out")])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"tinyvllm convert: {tmp_path / 'cut.gguf'}: ")
+    assert "truncated" in message and "ends at byte 1000" in message
+    assert "\n" not in message and not (tmp_path / "out").exists()
+
+
+def test_existing_output_directory_is_filled(tmp_path, valid):
+    """default_model converts into a directory it made itself; nothing of the scratch directory stays beside it."""
+    data, _ = valid
+    (tmp_path / "ok.gguf").write_bytes(data)
+    (tmp_path / "made").mkdir()
+    convert_gguf(tmp_path / "ok.gguf", tmp_path / "made", progress=False)
+    assert {path.name for path in (tmp_path / "made").iterdir()} == {
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"
+    }
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["made", "ok.gguf"]
