@@ -149,7 +149,7 @@ def llama_config(
     if architecture != ARCHITECTURE:
         raise GGUFError(f"{source}: architecture {architecture!r} is not supported (only {ARCHITECTURE!r})")
     for key, value in metadata.items():
-        if key.startswith("llama.") and key in _POSITIVE_INTEGERS and (type(value) is not int or value <= 0):
+        if key in _POSITIVE_INTEGERS and (type(value) is not int or value <= 0):
             raise GGUFError(f"{source}: {key} is {value!r}, which cannot be true (a positive integer)")
         if key in _POSITIVE_NUMBERS and not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise GGUFError(f"{source}: {key} is {value!r}, which cannot be true (a positive number)")

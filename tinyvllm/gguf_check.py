@@ -29,6 +29,7 @@ MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+_GGML_TYPE_IDS = {tensor_type.value for tensor_type in GGMLType}
 _SCALARS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
@@ -117,7 +118,7 @@ def _tensor_info(cursor: _Cursor, index: int) -> tuple[str, list[int], GGMLType,
         raise cursor.fail(f"tensor {_quoted(name)} has {n_dims} dimensions, which cannot be true (GGML has 1 to {MAX_DIMS})")
     dims = list(struct.unpack(f"<{n_dims}Q", cursor.take(8 * n_dims, f"the dimensions of {_quoted(name)}")))
     type_id = cursor.scalar("<I", f"the type of {_quoted(name)}")
-    if type_id not in GGMLType._value2member_map_:
+    if type_id not in _GGML_TYPE_IDS:
         raise cursor.fail(f"tensor {_quoted(name)} has unknown GGML type id {type_id}")
     offset = cursor.scalar("<Q", f"the data offset of {_quoted(name)}")
     return name, dims, GGMLType(type_id), offset

@@ -140,24 +140,27 @@ def _six_bits(fields: tuple[_Gather, _Gather], scales: np.ndarray) -> np.ndarray
     return low(scales) | (high(scales) << np.uint8(4))
 
 
-def _by_sub_block(per_sub_block: np.ndarray) -> np.ndarray:
-    """[blocks, n] sub-block factors -> [blocks, 256], each repeated over its run of 256 / n values."""
-    return np.repeat(per_sub_block, QK_K // per_sub_block.shape[1], axis=1)
+def _scaled(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None = None) -> np.ndarray:
+    """[blocks, 256] values q of n equal sub-blocks -> scale * q (- minimum), with [blocks, n] scales and mins."""
+    blocks, sub_blocks = scale.shape
+    runs = q.astype(np.float32).reshape(blocks, sub_blocks, -1) * scale[:, :, None]
+    if minimum is not None:
+        runs -= minimum[:, :, None]
+    return runs.reshape(blocks, QK_K)
 
 
 def _q2_k(blocks: np.ndarray) -> np.ndarray:
     scales, d, dmin = blocks[:, :16], _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
     scale = d * (scales & np.uint8(0x0F)).astype(np.float32)
     minimum = dmin * (scales >> np.uint8(4)).astype(np.float32)
-    q = _TWO_BITS(blocks[:, 16:80]).astype(np.float32)
-    return _by_sub_block(scale) * q - _by_sub_block(minimum)
+    return _scaled(_TWO_BITS(blocks[:, 16:80]), scale, minimum)
 
 
 def _q3_k(blocks: np.ndarray) -> np.ndarray:
     hmask, qs, scales, d = blocks[:, :32], blocks[:, 32:96], blocks[:, 96:108], _f16(blocks[:, 108:110])
     scale = d * (_six_bits(_Q3_SCALE, scales).astype(np.float32) - np.float32(32))
     q = _TWO_BITS(qs).astype(np.int8) - np.int8(4) * (np.int8(1) - _MASK_BIT(hmask).astype(np.int8))
-    return _by_sub_block(scale) * q.astype(np.float32)
+    return _scaled(q, scale)
 
 
 def _scaled_with_min(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -165,7 +168,7 @@ def _scaled_with_min(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
     d, dmin, scales = _f16(blocks[:, :2]), _f16(blocks[:, 2:4]), blocks[:, 4:16]
     scale = d * _six_bits(_K4_SCALE, scales).astype(np.float32)
     minimum = dmin * _six_bits(_K4_MIN, scales).astype(np.float32)
-    return _by_sub_block(scale) * q.astype(np.float32) - _by_sub_block(minimum)
+    return _scaled(q, scale, minimum)
 
 
 def _q4_k(blocks: np.ndarray) -> np.ndarray:
@@ -179,7 +182,7 @@ def _q5_k(blocks: np.ndarray) -> np.ndarray:
 def _q6_k(blocks: np.ndarray) -> np.ndarray:
     scales, d = blocks[:, 192:208].view(np.int8).astype(np.float32), _f16(blocks[:, 208:210])
     q = (_Q6_LOW(blocks) | (_Q6_HIGH(blocks) << np.uint8(4))).astype(np.int8) - np.int8(32)
-    return _by_sub_block(d * scales) * q.astype(np.float32)
+    return _scaled(q, d * scales)
 
 
 BLOCK_FORMATS = {
