@@ -23,6 +23,7 @@ from tests.test_reference_forward import _assert_logits_close, _hf_logits
 from tinyvllm import LLM
 from tinyvllm.gguf import GGUFError, convert_gguf
 from tinyvllm.gguf_tokenizer import CONTROL
+from tinyvllm.kernels.bf16 import to_bf16
 from tinyvllm.weights import read_safetensors
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -154,6 +155,16 @@ def test_logits_match_transformers_gguf_loader(llama3):
     _assert_logits_close(ours, _hf_logits(reference, prompt_ids))
     # The scaling must matter here, or this test could not tell a missing rope_scaling apart.
     assert np.abs(ours - _hf_logits(unscaled, prompt_ids)).max() > 10 * np.abs(ours - _hf_logits(reference, prompt_ids)).max()
+
+
+def test_weights_match_transformers_gguf_loader(llama3):
+    """Every K-quant and Q5 tensor, Q/K rows un-permuted, equals transformers' reading of the GGUF (to bf16)."""
+    root, name, out = llama3
+    ours = read_safetensors(out / "model.safetensors")
+    reference = _transformers_reference(root, name, LLAMA3_SCALING).state_dict()
+    assert set(ours) == set(reference) - {"lm_head.weight"}  # tied
+    for key, ours_bits in ours.items():
+        np.testing.assert_array_equal(ours_bits, to_bf16(reference[key].numpy()), err_msg=key)
 
 
 def test_chat_tokenizes_like_transformers_gguf_tokenizer(llama3):
