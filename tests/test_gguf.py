@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
-from tinyvllm import gguf_format, hub
+from tests.test_gguf_quants import quantize_or_random, random_blocks
 from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.model import hub
 from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.gguf import format as gguf_format
 from tinyvllm.model.gguf.convert import (
     GGUFError,
     convert_gguf,
@@ -40,7 +42,7 @@ MERGES = ["Ġ t", "h e", "Ġt he", "l l", "ll o", "1 2"]
 TOKENS = SPECIALS + BYTES + ["Ġt", "he", "Ġthe", "ll", "llo", "12"]
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
-TINY = dict(hidden=64, heads=4, kv_heads=2, layers=2, intermediate=96)
+TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "layers": 2, "intermediate": 96}
 # One type per role, so every supported format appears in one file.
 MIXED_TYPES = {
     "token_embd": GGMLType.Q8_0,
@@ -83,12 +85,12 @@ def _metadata(hidden, heads, kv_heads, layers, intermediate) -> dict:
     }
 
 
-def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied) -> dict[str, np.ndarray]:
+def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied, vocab) -> dict[str, np.ndarray]:
     """Random float32 weights by GGUF name, in HF orientation ([out, in]) and HF Q/K row order."""
     head_dim = hidden // heads
-    shapes = {"token_embd": (len(TOKENS), hidden), "output_norm": (hidden,)}
+    shapes = {"token_embd": (vocab, hidden), "output_norm": (hidden,)}
     if not tied:
-        shapes["output"] = (len(TOKENS), hidden)
+        shapes["output"] = (vocab, hidden)
     for i in range(layers):
         shapes |= {
             f"blk.{i}.attn_norm": (hidden,),
@@ -126,7 +128,7 @@ def write_llama_gguf(path, *, types=MIXED_TYPES, tied=False, metadata=None, drop
         else:
             writer.add_array(key, value)
     written = {}
-    for name, weight in _hf_weights(rng, **sizes, tied=tied).items():
+    for name, weight in _hf_weights(rng, **sizes, tied=tied, vocab=len(meta["tokenizer.ggml.tokens"])).items():
         role = name.split(".")[-1]
         gguf_layout = weight
         if role == "attn_q":
@@ -134,7 +136,7 @@ def write_llama_gguf(path, *, types=MIXED_TYPES, tied=False, metadata=None, drop
         elif role == "attn_k":
             gguf_layout = _llamacpp_permute(weight, sizes["kv_heads"])
         tensor_type = GGMLType.F32 if weight.ndim == 1 else types.get(role, GGMLType.F32)
-        stored = gguf_quants.quantize(gguf_layout, tensor_type)
+        stored = quantize_or_random(rng, gguf_layout, tensor_type)
         writer.add_tensor(f"{name}.weight", stored, raw_dtype=tensor_type)
         written[name] = (weight, tensor_type, stored)
     writer.write_header_to_file()
@@ -189,9 +191,9 @@ def test_dequantize_to_bf16_in_chunks_equals_whole(tensor_type, monkeypatch):
 
 
 def test_unsupported_block_type_is_refused_by_dequantize():
-    stored = gguf_quants.quantize(np.ones((1, 32), np.float32), GGMLType.Q5_0)
-    with pytest.raises(GGUFError, match="Q5_0"):
-        dequantize(stored, GGMLType.Q5_0)
+    stored = random_blocks(np.random.default_rng(0), (1, 32), GGMLType.IQ4_NL)
+    with pytest.raises(GGUFError, match="IQ4_NL"):
+        dequantize(stored, GGMLType.IQ4_NL)
 
 
 # Q/K permutation ------------------------------------------------------------------------
@@ -267,16 +269,10 @@ def test_converted_directory_loads_in_our_loaders_and_transformers(tmp_path):
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
-    write_llama_gguf(tmp_path / "q5.gguf", types=MIXED_TYPES | {"ffn_up": GGMLType.Q5_0})
-    with pytest.raises(GGUFError, match=r"blk\.0\.ffn_up\.weight.*Q5_0"):
-        convert_gguf(tmp_path / "q5.gguf", tmp_path / "hf", progress=False)
-    assert not (tmp_path / "hf").exists()
-
-
-def test_sentencepiece_vocabulary_is_refused(tmp_path):
-    write_llama_gguf(tmp_path / "spm.gguf", metadata={"tokenizer.ggml.model": "llama"})
-    with pytest.raises(GGUFError, match="SentencePiece"):
-        convert_gguf(tmp_path / "spm.gguf", tmp_path / "hf", progress=False)
+    write_llama_gguf(tmp_path / "iq4.gguf", types=MIXED_TYPES | {"ffn_up": GGMLType.IQ4_NL})
+    with pytest.raises(GGUFError, match=r"blk\.0\.ffn_up\.weight.*IQ4_NL"):
+        convert_gguf(tmp_path / "iq4.gguf", tmp_path / "hf", progress=False)
+    assert list(tmp_path.iterdir()) == [tmp_path / "iq4.gguf"]
 
 
 def test_unknown_pre_tokenizer_is_refused(tmp_path):
