@@ -91,7 +91,7 @@ def streamed_tbps(launch, weights: list, repeats: int) -> float:
     """Weight-streaming TB/s at M = 1 as a decode step sees it: one CUDA graph of launches
     over distinct copies of the weight, so no launch finds its weight in the L2 and no
     Python launch gap sits between them. The Numba kernels launch with PDL, as in the
-    engine's graphs (`kernels/pdl.py`); cuBLAS cannot."""
+    engine's graphs (`kernels/device/pdl.py`); cuBLAS cannot."""
     import cupy
 
     n, k = weights[0].shape

@@ -249,7 +249,7 @@ def decode_step_ops(scratch: Path) -> str:
         if any(c[operator] for c in counts.values()):
             lines.append(f"| `{operator}` | " + " | ".join(str(c[operator]) for c in counts.values()) + " |")
     totals = [sum(n for op, n in c.items() if op != "upload_bytes") for c in counts.values()]
-    lines.append("| **operators (kernels)** | " + " | ".join(f"**{t}**" for t in totals) + " |")
+    lines.append("| **operator calls** | " + " | ".join(f"**{t}**" for t in totals) + " |")
     return "\n".join(lines) + "\n"
 
 

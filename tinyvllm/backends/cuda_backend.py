@@ -102,7 +102,7 @@ class CudaBackend:
         self.stream.synchronize()
 
     def begin_capture(self) -> None:
-        """Start capturing the stream's work into a graph; its kernels launch with PDL (`kernels/pdl.py`)."""
+        """Start capturing the stream's work into a graph; its kernels launch with PDL (`kernels/device/pdl.py`)."""
         self.cupy_stream.begin_capture()
         self._capture_launches.enter_context(pdl.programmatic_launches())
 

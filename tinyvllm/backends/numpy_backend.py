@@ -1,6 +1,6 @@
 """Backends: where the model's arrays live and which code runs its operators.
 
-The model (`model.py`) is written once, as a sequence of operator calls on a backend.
+The model (`model/llama.py`) is written once, as a sequence of operator calls on a backend.
 Both backends offer the same operators with the kernels' signatures (inputs, then
 preallocated outputs), so the forward pass and the engine above it do not know which
 one they run on:

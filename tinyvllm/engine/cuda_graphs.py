@@ -1,6 +1,6 @@
 """CUDA graphs for the decode step: one capture per batch-size bucket, replayed each step.
 
-A decode step of Llama 3.2 1B is about 200 kernel launches. From Python each Numba
+A decode step launches several kernels for each layer of the model. From Python each Numba
 launch costs 18 to 57 microseconds; replaying a captured graph costs about 0.9 per
 kernel. So the runner captures the whole decode step (forward and sampling) once for
 each bucket of batch sizes, and a step of B sequences replays the smallest bucket that

@@ -31,7 +31,7 @@ the row is cut. The filters do not split: a threshold needs the whole row's hist
 
 One block streaming a row loads ROUND = BLOCK * UNROLL logits at a time (`load_chunk`),
 one round after the other: 63 rounds for V = 128256 on the GPU, ~40 us, most of it waiting
-on memory while the rest of the GPU idles; at batch 1 that is 3.5% of a decode step. So
+on memory while the rest of the GPU idles. So
 the rows that need no filter (greedy or unfiltered, `_whole_row_argmax`) are cut into
 parts of whole rounds, at most MAX_PARTS of them (`split_vocab`; V = 128256 is 63 parts
 of one round) and fewer when the batch is large (MAX_PART_BLOCKS in all), and
