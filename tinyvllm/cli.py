@@ -5,39 +5,33 @@ Every subcommand that runs a model takes the same engine flags (--model, --mode,
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 
-from tinyvllm.engine.scheduler import MODES
-from tinyvllm.engine.setup import BACKENDS
+from tinyvllm.config import EngineConfig, option_type
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, and one flag per EngineConfig field (--max-num-seqs for max_num_seqs), its help and default."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
-    group.add_argument("--mode", choices=MODES, default="continuous", help="batching policy")
-    group.add_argument("--backend", choices=BACKENDS, default="auto", help="cuda, numpy, or auto (cuda if a GPU is present)")
-    group.add_argument("--max-model-len", type=int, help="longest prompt + output, in tokens")
-    group.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
-    group.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: sized from free memory)")
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    for spec in dataclasses.fields(EngineConfig):
+        flag = "--" + spec.name.replace("_", "-")
+        help_text = spec.metadata["help"]
+        kind = option_type(spec)
+        if kind is bool:
+            group.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if spec.default is not None:
+            help_text += f" (default: {spec.default})"
+        group.add_argument(flag, type=kind, choices=spec.metadata["choices"], default=spec.default, help=help_text)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = {
-        "mode": args.mode,
-        "backend": args.backend,
-        "max_num_seqs": args.max_num_seqs,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enforce_eager": args.enforce_eager,
-    }
-    if args.max_model_len is not None:
-        kwargs["max_model_len"] = args.max_model_len
-    if args.num_blocks is not None:
-        kwargs["num_blocks"] = args.num_blocks
-    return kwargs
+    """The engine options the flags set, as `LLM(model, **kwargs)` takes them."""
+    return {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineConfig)}
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> None:
