@@ -1,7 +1,9 @@
 """The `tinyvllm` command line: generate, chat, serve, bench, convert.
 
-Every subcommand that runs a model takes the same engine flags (--model, --mode,
---backend, ...); with no --model the embedded SmolLM2-135M-Instruct is used.
+Every subcommand that runs a model takes the same engine flags: --model (with none, the
+embedded SmolLM2-135M-Instruct) and one flag per EngineConfig field (--mode, --backend,
+--max-num-seqs, ...). Only argparse and the config are imported here; each subcommand
+imports the engine when it runs, so `tinyvllm --help` loads no Numba.
 """
 
 import argparse
@@ -29,9 +31,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, type=kind, choices=spec.metadata["choices"], default=spec.default, help=help_text)
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The engine options the flags set, as `LLM(model, **kwargs)` takes them."""
-    return {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineConfig)}
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine options the flags set (a bad value raises ValueError naming it)."""
+    return EngineConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineConfig)})
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -76,7 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     prompts = read_prompts(args)
     params = sampling_params(args)
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(args.model, engine_config=engine_config(args))
     if args.raw:
         outputs = llm.generate(prompts, params)
     else:
@@ -97,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_chat(args: argparse.Namespace) -> None:
     from tinyvllm.serving.chat import run_chat
 
-    run_chat(args.model, engine_kwargs(args), sampling_params(args), system=args.system)
+    run_chat(args.model, engine_config(args), sampling_params(args), system=args.system)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -105,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     run_server(
         args.model,
-        engine_kwargs(args),
+        engine_config(args),
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
@@ -118,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from tinyvllm import benchmark
     from tinyvllm.llm import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(args.model, engine_config=engine_config(args))
     vocab = llm.engine.config.vocab_size
     if args.run == "latency":
         result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens)
