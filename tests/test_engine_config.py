@@ -11,7 +11,7 @@ import pytest
 from tests.random_llama import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, LLMEngine
 from tinyvllm.cli import add_engine_arguments, engine_config, main
-from tinyvllm.config import EngineConfig, ResolvedEngineConfig
+from tinyvllm.config import LINEAR_BACKENDS, EngineConfig, ResolvedEngineConfig
 from tinyvllm.model.config import ModelConfig
 
 BAD_OPTIONS = [
@@ -147,3 +147,9 @@ def test_help_imports_no_numba(argv):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "usage: tinyvllm" in result.stdout
     assert result.stdout.splitlines()[-1] == "IMPORTED []"
+
+
+def test_linear_backend_choices_are_the_ones_linear_dispatches_to():
+    from tinyvllm.kernels import linear  # imports Numba: the config module itself must not
+
+    assert LINEAR_BACKENDS == linear.BACKENDS

@@ -7,7 +7,7 @@ and a bad one raises a ValueError that names it, before any weight is loaded.
 
 Two defaults depend on the model: `max_model_len` (the model's max_position_embeddings,
 at most DEFAULT_MAX_MODEL_LEN) and `max_num_batched_tokens` (max_model_len, at least
-2048). `resolve` fills them in against the ModelConfig once; the scheduler and the model
+MIN_BATCHED_TOKENS). `resolve` fills them in against the ModelConfig once; the scheduler and the model
 runner read the `ResolvedEngineConfig` it returns.
 
 This module imports neither Numba nor the engine, so the command line can build its
@@ -27,8 +27,7 @@ LINEAR_BACKENDS = ("auto", "numba", "cublas", "tiled", "gemv")
 ACTIVATION_DTYPES = ("bf16", "float32")
 DEFAULT_MAX_MODEL_LEN = 8192
 MIN_BATCHED_TOKENS = 2048
-"""The default token budget of a step is never below this, so short models still prefill
-whole prompts of a few batch members in one step."""
+"""The default token budget of a step is never below this (vLLM's default budget)."""
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
@@ -39,6 +38,8 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -
 # --8<-- [start:engine-args]
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
+    """The engine's options, by the names `LLM(model, **kwargs)` takes (vLLM's where it has one)."""
+
     mode: str = option("continuous", "batching policy", choices=MODES)
     backend: str = option("auto", "cuda, numpy, or auto (cuda if a GPU is present)", choices=BACKENDS)
     block_size: int = option(16, "tokens per KV-cache block, a power of two")
