@@ -15,18 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
-from tinyvllm.engine.step_inputs import HostStep, RunnerLimits, StepBuffers, build_step
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers, build_step
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.llama import LlamaModel, StepInputs, Workspace
 from tinyvllm.sampling_params import SamplingParams
 
 
 class ModelRunner:
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend, limits: RunnerLimits):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend, limits: ResolvedEngineConfig):
         self.config = config
         self.backend = backend
         self.limits = limits

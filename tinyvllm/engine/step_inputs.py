@@ -20,21 +20,10 @@ from itertools import chain
 
 import numpy as np
 
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
 from tinyvllm.model.llama import StepInputs
-
-
-@dataclass(frozen=True)
-class RunnerLimits:
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return -(-self.max_model_len // self.block_size)
 
 
 @dataclass
@@ -126,7 +115,7 @@ class StepBuffers:
 
     ALIGNMENT = 256
 
-    def __init__(self, backend, limits: RunnerLimits):
+    def __init__(self, backend, limits: ResolvedEngineConfig):
         tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
         self.backend = backend
         shapes = {
