@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
 from tinyvllm import gguf_format, hub
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.reference import to_bf16
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.gguf.convert import (
     GGUFError,

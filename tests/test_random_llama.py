@@ -12,7 +12,7 @@ from tests.random_llama import (
     make_random_llama_dir,
     save_bytes_tokenizer,
 )
-from tinyvllm.kernels.device.bf16 import from_bf16
+from tinyvllm.kernels.reference import from_bf16
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights, weight_shapes
