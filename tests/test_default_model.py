@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
-from tinyvllm import default_model
+from tinyvllm.model import default_model
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.default_model import default_model_dir
 from tinyvllm.model.hub import FetchError, fetch_pypi_file

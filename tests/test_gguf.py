@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
-from tinyvllm import gguf_format, hub
 from tinyvllm.kernels.reference import to_bf16
+from tinyvllm.model import hub
 from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.gguf import format as gguf_format
 from tinyvllm.model.gguf.convert import (
     GGUFError,
     convert_gguf,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyvllm import hub
+from tinyvllm.model import hub
 from tinyvllm.model.hub import FetchError, fetch_pypi_file
 
 PACKAGE, VERSION, MEMBER = "tinyvllm-fake-data", "0.1.0", "tinyvllm_fake_data/files/hello.txt"
