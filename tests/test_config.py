@@ -5,9 +5,13 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
+
+import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 

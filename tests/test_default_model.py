@@ -8,7 +8,6 @@ un-permutation, config and tokenizer): the converted directory must hold the sam
 import os
 
 import pytest
-import torch
 
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tinyvllm.model import default_model
@@ -41,6 +40,8 @@ def smollm2(hub_cache, smollm2_dir):  # noqa: F811
 @pytest.fixture(scope="module")
 def transformers_models(smollm2):
     """transformers' model from the GGUF (weights rounded to bf16, as ours are) and from our directory, float32."""
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoModelForCausalLM
 
     gguf_path, model_dir = smollm2
@@ -55,6 +56,7 @@ def transformers_models(smollm2):
 
 @pytest.fixture(scope="module")
 def chat_tokenizers(smollm2):
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoTokenizer
 
     gguf_path, model_dir = smollm2
@@ -124,6 +126,8 @@ def test_unreachable_registry_says_what_and_where(tmp_path, monkeypatch):
 
 
 def test_weights_match_transformers_gguf_loader(transformers_models):
+    import torch
+
     reference, ours = transformers_models
     expected, actual = reference.state_dict(), ours.state_dict()
     assert set(expected) == set(actual)
@@ -143,6 +147,8 @@ def test_chat_prompts_tokenize_like_transformers_gguf_tokenizer(chat_tokenizers)
 
 # --8<-- [start:greedy-parity]
 def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_tokenizers):
+    import torch
+
     reference, ours = transformers_models
     reference_tokenizer, _, _ = chat_tokenizers
     answers = []

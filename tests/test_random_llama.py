@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from tests.random_llama import (
     LLAMA_3_2_1B_CONFIG,
@@ -61,6 +60,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tiny_dir, tmp_path):
 
 
 def test_tiny_dir_runs_in_transformers(tiny_dir):
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
@@ -76,6 +77,7 @@ def test_tiny_dir_runs_in_transformers(tiny_dir):
 
 def test_llama3_tokenizer_dir(tmp_path):
     """The real Llama 3.2 tokenizer with a small body: its special ids, no <|image|>, the chat format."""
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoTokenizer
 
     overrides = {key: value for key, value in TINY_OVERRIDES.items() if key != "vocab_size"}
