@@ -217,7 +217,9 @@ def _fit_tokenizer(tokenizer: Tokenizer, vocab_size: int, source) -> Tokenizer:
 def _token_id(tokenizer: Tokenizer, token: str, source) -> int:
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
-        raise ValueError(f"tokenizer {source} has no {token} (the Llama 3.2 chat template needs Llama 3's special tokens)")
+        raise ValueError(
+            f"tokenizer {source} has no {token} (the Llama 3.2 chat template needs Llama 3's special tokens)"
+        )
     return token_id
 
 

@@ -140,7 +140,8 @@ def check_rope_targets(num_tokens: int, width: int, positions, inv_freq, slot_ma
     check_rows_of_eight("v_cache", v_cache, (num_blocks, block_size, num_kv_heads, head_dim))
     if width != (num_q_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(
-            f"{product}: {width} q|k|v features, expected (Hq + 2 Hkv) * D = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
+            f"{product}: {width} q|k|v features, expected (Hq + 2 Hkv) * D"
+            f" = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
         )
     check_array("positions", positions, np.int32, (num_tokens,))
     check_array("inv_freq", inv_freq, np.float32, (head_dim // 2,))
