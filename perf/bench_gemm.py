@@ -36,7 +36,6 @@ from numba import config, cuda
 
 from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels.cublas import cublas_gemm
-from tinyvllm.kernels.device.bf16 import from_bf16
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.kernels.gemm import STORES, gemm
@@ -47,6 +46,7 @@ from tinyvllm.kernels.gemv import (
     read_chunk_whole,
     store_sums,
 )
+from tinyvllm.kernels.reference import from_bf16
 
 LAYERS = {
     "qkv_proj": (2048, 3072),

@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType as GGMLType
 from gguf import GGUFWriter
 from gguf import quants as gguf_quants
@@ -19,7 +18,7 @@ from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
 from tests.test_gguf_quants import quantize_or_random, random_blocks
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.reference import to_bf16
 from tinyvllm.model import hub
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.gguf import format as gguf_format
@@ -59,7 +58,11 @@ MIXED_TYPES = {
 
 def _llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute: HF rotate-half rows -> adjacent RoPE pairs."""
-    return weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def _metadata(hidden, heads, kv_heads, layers, intermediate) -> dict:
@@ -104,7 +107,9 @@ def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied, vocab)
             f"blk.{i}.ffn_down": (hidden, intermediate),
         }
     return {
-        name: (1 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        name: (1 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.1 * rng.standard_normal(shape)).astype(
+            np.float32
+        )
         for name, shape in shapes.items()
     }
 
@@ -163,7 +168,12 @@ def test_dequantize_matches_gguf_quants(tensor_type, rows, blocks, log_scale, se
     np.testing.assert_array_equal(dequantize(stored, tensor_type), gguf_quants.dequantize(stored, tensor_type))
 
 
-@given(tensor_type=st.sampled_from(BLOCK_TYPES), rows=st.integers(1, 4), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+@given(
+    tensor_type=st.sampled_from(BLOCK_TYPES),
+    rows=st.integers(1, 4),
+    blocks=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_dequantize_arbitrary_bytes_matches_gguf_quants(tensor_type, rows, blocks, seed):
     """Every bit pattern, not only what the quantizer writes: all nibbles, signs, odd scales, inf/nan."""
     stored = np.random.default_rng(seed).integers(0, 256, (rows, BLOCK_BYTES[tensor_type] * blocks), dtype=np.uint8)
@@ -187,7 +197,9 @@ def test_dequantize_to_bf16_in_chunks_equals_whole(tensor_type, monkeypatch):
     values = np.random.default_rng(2).standard_normal((37, 64)).astype(np.float32)
     stored = gguf_quants.quantize(values, tensor_type)
     monkeypatch.setattr(gguf_format, "_CHUNK_ELEMENTS", 64 * 5)  # 5 rows a step: 8 steps, the last short
-    np.testing.assert_array_equal(dequantize_to_bf16(stored, tensor_type), to_bf16(gguf_quants.dequantize(stored, tensor_type)))
+    np.testing.assert_array_equal(
+        dequantize_to_bf16(stored, tensor_type), to_bf16(gguf_quants.dequantize(stored, tensor_type))
+    )
 
 
 def test_unsupported_block_type_is_refused_by_dequantize():
@@ -223,7 +235,11 @@ def test_convert_restores_weights(tmp_path, tied):
     for name, (original, tensor_type, stored) in written.items():
         ours = tensors[_hf_name(name)]
         assert ours.dtype == np.uint16 and ours.shape == original.shape
-        expected = to_bf16(gguf_quants.dequantize(stored, tensor_type)) if tensor_type != GGMLType.BF16 else stored.view(np.uint16)
+        expected = (
+            to_bf16(gguf_quants.dequantize(stored, tensor_type))
+            if tensor_type != GGMLType.BF16
+            else stored.view(np.uint16)
+        )
         if name.endswith("attn_q"):
             ours = _llamacpp_permute(ours, config["num_attention_heads"])
         elif name.endswith("attn_k"):
@@ -242,6 +258,8 @@ def test_convert_f32_round_trip_is_exact(tmp_path):
 
 
 def test_converted_directory_loads_in_our_loaders_and_transformers(tmp_path):
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     write_llama_gguf(tmp_path / "tiny.gguf")
@@ -300,7 +318,9 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def _vocab_metadata(pre: str) -> dict:
-    return {key: value for key, value in _metadata(**TINY).items() if key.startswith("tokenizer.")} | {"tokenizer.ggml.pre": pre}
+    return {key: value for key, value in _metadata(**TINY).items() if key.startswith("tokenizer.")} | {
+        "tokenizer.ggml.pre": pre
+    }
 
 
 def test_smollm_splits_every_digit_gpt2_does_not():
@@ -347,4 +367,6 @@ def test_llama_bpe_matches_the_llama_3_tokenizer(llama3_tokenizer_json):
     for text in LLAMA3_TEXTS:
         expected = reference.encode(text)
         assert ours.encode(text).ids == expected.ids, text
-        assert ours.decode(expected.ids, skip_special_tokens=False) == reference.decode(expected.ids, skip_special_tokens=False)
+        assert ours.decode(expected.ids, skip_special_tokens=False) == reference.decode(
+            expected.ids, skip_special_tokens=False
+        )

@@ -21,7 +21,7 @@ from tests.test_gguf import _llamacpp_permute
 from tests.test_gguf_quants import quantize_or_random
 from tests.test_reference_forward import _assert_logits_close, _hf_logits
 from tinyvllm import LLM
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.reference import to_bf16
 from tinyvllm.model.gguf.convert import GGUFError, convert_gguf
 from tinyvllm.model.gguf.tokenizer import CONTROL
 from tinyvllm.model.weights import read_safetensors

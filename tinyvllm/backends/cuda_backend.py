@@ -10,14 +10,15 @@ import contextlib
 import gc
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 from numba.cuda.cudadrv.driver import device_memset
 
 from tinyvllm.kernels import attention_prefill, attention_split, embedding, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
+from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 
-if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
+if not SIMULATOR:  # the simulator has its own cudadrv, without these
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     from numba.cuda.cudadrv.driver import device_to_host, host_to_device
 
@@ -28,7 +29,7 @@ class CudaBackend:
 
     def __init__(self, linear_backend: str = "auto"):
         self.linear_backend = linear_backend
-        self.simulated = config.ENABLE_CUDASIM
+        self.simulated = SIMULATOR
         self.can_capture_graphs = not self.simulated
         if self.can_capture_graphs:
             import cupy

@@ -21,8 +21,7 @@ import numpy as np
 
 from tinyvllm.config import ACTIVATION_DTYPES
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
-from tinyvllm.kernels.device.rng import gumbel_noise
+from tinyvllm.kernels.reference import from_bf16, gumbel_noise, to_bf16
 
 
 class NumpyBackend:

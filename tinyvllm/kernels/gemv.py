@@ -82,14 +82,16 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32, uint32
+from numba import cuda, float32, uint32
 
 from tinyvllm.kernels.device.bf16 import bf16_to_f32
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.simulator import launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight
-from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm
+from tinyvllm.kernels.operands import RMSNorm
+from tinyvllm.kernels.rmsnorm import check_norm
 
 MIN_THREADS = 64
 MAX_THREADS = 256
@@ -102,7 +104,6 @@ WIDE_OUTPUT wide at M = 1; others two."""
 BLOCKS_PER_SM = 8
 """At M = 1, the grid's size per SM past which blocks loop over row groups."""
 MAX_ROWS = 8
-SIMULATOR = config.ENABLE_CUDASIM
 """The simulator takes no launch bounds."""
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
@@ -279,7 +280,7 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
     # MIN_THREADS threads), so that the capped grid runs as one wave: at 136 an SM would
     # hold seven blocks, and the grid's last eighth would wait for a second wave.
     resident = BLOCKS_PER_SM * MIN_THREADS // threads
-    bounds = {"launch_bounds": (threads, resident)} if m_rows == 1 and not SIMULATOR else {}
+    bounds = launch_bounds(threads, resident) if m_rows == 1 else {}
 
     if normalize:
         @cuda.jit(**bounds)

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.kernels.activation import interleave_rows
-from tinyvllm.kernels.rmsnorm import RMSNorm
-from tinyvllm.kernels.rope import rope_inv_freq
+from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.rope import rope_inv_freq
 
 
 @dataclass
@@ -165,3 +164,9 @@ class LlamaModel:
         ops.linear(sampled_residual, self.lm_head, logits, RMSNorm(self.norm, eps, sampled_normed))
         return logits
     # --8<-- [end:forward]
+
+
+def interleave_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """[gate row 0, up row 0, gate row 1, ...]: the layout of a layer's gate|up weight, which
+    lets the batch-1 GEMV fuse SwiGLU's activation into its store (`kernels.activation`)."""
+    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])

@@ -21,9 +21,10 @@ launches made inside it (the runner wraps its graph captures in it).
 import contextlib
 import functools
 
-from numba import config, cuda
+from numba import cuda
 
-SIMULATOR = config.ENABLE_CUDASIM
+from tinyvllm.kernels.device.simulator import SIMULATOR
+
 MIN_COMPUTE_CAPABILITY = (9, 0)
 
 

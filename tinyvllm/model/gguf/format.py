@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 from gguf import GGUFReader
 
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
+from tinyvllm.kernels.reference import from_bf16, to_bf16
 from tinyvllm.model.gguf.quants import BLOCK_FORMATS
 
 # Rows decoded per step in dequantize_to_bf16: bounds the float32 scratch to ~64 MB per step.
