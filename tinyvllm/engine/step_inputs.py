@@ -115,7 +115,7 @@ class StepBuffers:
 
     Every field lives at a fixed offset of a pinned host staging area and of one device
     area with the same layout, so a step's metadata crosses to the GPU in a single copy
-    (a copy per field costs tens of microseconds of Python each, and `STEP_FIELDS` has over a dozen).
+    (a copy per field would cost tens of microseconds of Python for each of the `STEP_FIELDS`).
     `block_tables` comes last, and only the rows a step uses are copied. There are two
     staging areas, used in turn: the copy of step n may still be queued behind step n-1
     while the host fills in step n+1. The sampled tokens come back the same way, into
