@@ -26,35 +26,7 @@ import numpy as np
 from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.rope import rope_inv_freq
-
-
-@dataclass
-class StepInputs:
-    """One step's device-side metadata (views of the runner's persistent buffers).
-
-    Rows [0, num_decode) of the token arrays are decode tokens, one per sequence, whose
-    sequences are rows [0, num_decode) of `block_tables` and `context_lens`; the prefill
-    sequences follow, with their query rows given by `prefill_cu_seqlens` (relative to the
-    first prefill token). `sample_rows` are the token rows whose logits are needed, and
-    the sampling parameters have one entry per sampled row.
-    """
-
-    token_ids: object
-    token_sources: object
-    positions: object
-    slot_mapping: object
-    block_tables: object
-    context_lens: object
-    prefill_cu_seqlens: object
-    sample_rows: object
-    temperature: object
-    top_k: object
-    top_p: object
-    seeds: object
-    sample_positions: object
-    num_tokens: int
-    num_decode: int
-    num_prefill_seqs: int
+from tinyvllm.model.step_fields import StepInputs
 
 
 @dataclass
