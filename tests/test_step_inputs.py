@@ -17,13 +17,14 @@ import pytest
 from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.backends.numpy_backend import NumpyBackend
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.cuda_graphs import pad_decode_step
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
-from tinyvllm.engine.step_inputs import HostStep, RunnerLimits, StepBuffers, build_step, empty_step
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers, build_step, empty_step
 from tinyvllm.model.step_fields import STEP_FIELD_NAMES, STEP_FIELDS, StepInputs
 
-LIMITS = RunnerLimits(block_size=4, max_num_seqs=6, max_num_batched_tokens=40, max_model_len=20)
+LIMITS = ResolvedEngineConfig(block_size=4, max_num_seqs=6, max_num_batched_tokens=40, max_model_len=20)
 MAX_BLOCKS = LIMITS.max_blocks_per_seq  # 5
 
 # Shapes at LIMITS (40 tokens, 6 sequences, 5 blocks a sequence) and dtypes, by hand.
@@ -181,12 +182,13 @@ import dataclasses
 import numpy as np
 from tinyvllm.backends.numpy_backend import NumpyBackend
 from tinyvllm.engine.cuda_graphs import pad_decode_step
-from tinyvllm.engine.step_inputs import HostStep, RunnerLimits, StepBuffers, empty_step
+from tinyvllm.config import ResolvedEngineConfig
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers, empty_step
 import tinyvllm
 from tinyvllm.model.step_fields import StepInputs
 
 assert tinyvllm.__file__.startswith(__import__("os").getcwd()), tinyvllm.__file__
-limits = RunnerLimits(block_size=4, max_num_seqs=6, max_num_batched_tokens=40, max_model_len=20)
+limits = ResolvedEngineConfig(block_size=4, max_num_seqs=6, max_num_batched_tokens=40, max_model_len=20)
 assert "dummy" in [f.name for f in dataclasses.fields(HostStep)]
 assert "dummy" in [f.name for f in dataclasses.fields(StepInputs)]
 buffers = StepBuffers(NumpyBackend(), limits)
