@@ -43,9 +43,8 @@ from tinyvllm.kernels.attention_split import (
     decode_workspace_shape,
     split_decode_attention,
 )
-from tinyvllm.kernels.device.bf16 import from_bf16
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.reference import causal_attention
+from tinyvllm.kernels.reference import causal_attention, from_bf16
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 DECODE_BATCHES = (1, 64, 256)

@@ -29,7 +29,8 @@ from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.embedding import embedding
 from tinyvllm.kernels.rmsnorm import rmsnorm
-from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
+from tinyvllm.kernels.rope import rope_write_kv
+from tinyvllm.model.rope import rope_inv_freq
 
 COPY_CEILING_TBPS = 4.25
 BAR_TBPS = 3.0

@@ -36,7 +36,6 @@ from numba import config, cuda
 
 from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels.cublas import cublas_gemm
-from tinyvllm.kernels.device.bf16 import from_bf16
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.kernels.gemm import STORES, gemm
@@ -47,6 +46,7 @@ from tinyvllm.kernels.gemv import (
     read_chunk_whole,
     store_sums,
 )
+from tinyvllm.kernels.reference import from_bf16
 
 LAYERS = {
     "qkv_proj": (2048, 3072),
@@ -91,7 +91,7 @@ def streamed_tbps(launch, weights: list, repeats: int) -> float:
     """Weight-streaming TB/s at M = 1 as a decode step sees it: one CUDA graph of launches
     over distinct copies of the weight, so no launch finds its weight in the L2 and no
     Python launch gap sits between them. The Numba kernels launch with PDL, as in the
-    engine's graphs (`kernels/pdl.py`); cuBLAS cannot."""
+    engine's graphs (`kernels/device/pdl.py`); cuBLAS cannot."""
     import cupy
 
     n, k = weights[0].shape

@@ -24,11 +24,8 @@ import numpy as np
 from numba import config, cuda
 
 from perf.timing import median_ms, result_header
-from tinyvllm.kernels.sampling import (
-    pack_sampling_params,
-    sample,
-    sample_workspace_shape,
-)
+from tests.sampling_cases import pack_sampling_params
+from tinyvllm.kernels.sampling import sample, sample_workspace_shape
 
 COPY_CEILING_TBPS = 4.25
 BAR_US = 300.0

@@ -4,6 +4,13 @@
 #
 #   bash perf/gpu_check.sh [tests] [kernels] [engine] [profile] [serve]     (default: all five)
 #
+# tests: the suite over one pytest-xdist worker per core, then the tests marked `serial`
+# (they size the KV cache from free GPU memory, which other workers would change) alone.
+# engine: with BASELINE=DIR (a checkout of another revision, e.g. `git archive REV`), the
+# engine benchmarks run there first, in the same command, so the two revisions' figures
+# come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
+# ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
+#
 # The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
 # cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
 # laid out as tinyvllm.model.hub caches them. Host-only test modules that fetch from PyPI (into
@@ -29,18 +36,31 @@ main() {
 for stage in $stages; do
   case $stage in
     tests)
-      run python3 -m pytest -q -p no:cacheprovider tests \
+      run python3 -c "from tinyvllm.model.default_model import default_model_dir; default_model_dir()"
+      export SUITE_DURATIONS="$OUT/test_durations.tsv"
+      # one BLAS/OpenMP thread a worker: sixteen workers with sixteen threads each thrash the cores
+      export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+      run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n "$(nproc)" -m "not serial" tests \
         --ignore=tests/test_hub.py --ignore=tests/test_default_model.py \
         --ignore=tests/test_llama3_tokenizer.py --ignore=tests/test_gguf.py \
         --ignore=tests/test_server.py --ignore=tests/test_server_load.py \
         --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py \
-        --ignore=tests/test_docs.py --ignore=tests/test_reference_forward.py ;;
+        --ignore=tests/test_docs.py --ignore=tests/test_reference_forward.py
+      run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n 0 -m serial tests
+      sort -rn "$SUITE_DURATIONS" | head -25
+      unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS ;;
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     engine)
-      run python3 -m perf.bench_decode
-      run python3 -m perf.bench_throughput ;;
+      if [ -n "${BASELINE:-}" ]; then
+        echo "== baseline $BASELINE: bench_decode, bench_throughput (no peers)"
+        (cd "$BASELINE" && export PYTHONPATH=/tmp/site:$PWD &&
+          python3 -m perf.bench_decode --no-peer && python3 -m perf.bench_throughput --no-peer &&
+          for f in bench_decode bench_throughput; do cp perf/results/$f.json "$OUT/baseline_$f.json"; done) || status=1
+      fi
+      run python3 -m perf.bench_decode ${ENGINE_FLAGS:-}
+      run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-} ;;
     profile)
       run python3 -m perf.profile_step --model llama-1b
       cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json

@@ -53,7 +53,7 @@ from tinyvllm.kernels import attention_split, embedding, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
 from tinyvllm.kernels.device import multiprocessors
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
-from tinyvllm.kernels.rmsnorm import RMSNorm
+from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig, load_config
 
 H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),

@@ -148,7 +148,7 @@ def result_header() -> dict:
     name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
     return {
         "device": name,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git_rev": _git_revision(),
         "command": " ".join(sys.orig_argv),
     }

@@ -5,7 +5,7 @@ import os
 import numpy as np
 from numba import cuda
 
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
+from tinyvllm.kernels.reference import from_bf16, to_bf16
 from tinyvllm.sampling_params import SamplingParams
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"

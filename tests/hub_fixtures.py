@@ -6,8 +6,11 @@ Meta's licence). Without network access these fixtures fail with FetchError: the
 that need them cannot run, and say so.
 """
 
+import contextlib
+import fcntl
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,15 @@ from tinyvllm.model.hub import fetch_llama3_2_tokenizer
 def hub_cache(pytestconfig, tmp_path_factory) -> Path:
     cache = getattr(pytestconfig, "cache", None)
     return Path(cache.mkdir("tinyvllm-hub")) if cache is not None else tmp_path_factory.mktemp("tinyvllm-hub")
+
+
+@contextlib.contextmanager
+def hub_cache_lock(hub_cache: Path) -> Iterator[None]:
+    """Hold the shared cache's lock: pytest-xdist workers share it, and a look at what it holds
+    must not catch another worker's conversion half done."""
+    with open(hub_cache / "fixtures.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +61,6 @@ def smollm2_dir(hub_cache) -> Path:
     """The embedded SmolLM2-135M-Instruct, fetched and converted once per run into the hub cache."""
     from tinyvllm.model.default_model import default_model_dir
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, hub_cache_lock(hub_cache):
         patch.setenv("TINYVLLM_CACHE", str(hub_cache))
         return default_model_dir()

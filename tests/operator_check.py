@@ -16,8 +16,8 @@ import numpy as np
 from tests.helpers import relative_error
 from tinyvllm.backends.base import ModelOperators, Role, methods, parameters_in_role
 from tinyvllm.backends.numpy_backend import NumpyBackend
-from tinyvllm.kernels.device.bf16 import from_bf16
-from tinyvllm.kernels.rmsnorm import RMSNorm
+from tinyvllm.kernels.operands import RMSNorm
+from tinyvllm.kernels.reference import from_bf16
 from tinyvllm.sampling_params import SamplingParams
 
 PARAMETERS = {name: tuple(signature.parameters) for name, signature in methods(ModelOperators).items()}

@@ -15,8 +15,9 @@ from tests.helpers import (
     widen,
 )
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.activation import interleave_rows, silu_mul
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.activation import silu_mul
+from tinyvllm.kernels.reference import to_bf16
+from tinyvllm.model.llama import interleave_rows
 
 
 @st.composite

@@ -27,8 +27,7 @@ from tinyvllm.kernels.attention_split import (
     merge_partitions,
     split_decode_attention,
 )
-from tinyvllm.kernels.device.bf16 import to_bf16
-from tinyvllm.kernels.reference import merge_partition_states
+from tinyvllm.kernels.reference import merge_partition_states, to_bf16
 
 
 @pytest.fixture(autouse=True, scope="module")

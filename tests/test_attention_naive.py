@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
+from perf import attention_naive
 from perf.attention_naive import naive_attention, naive_scratch_shape
 from tests.attention_batch import paged_batch
 from tests.helpers import (
@@ -17,7 +18,7 @@ from tests.helpers import (
     relative_error,
     widen,
 )
-from tinyvllm.kernels import attention_naive, attention_prefill, reference
+from tinyvllm.kernels import attention_prefill, reference
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 

@@ -19,7 +19,7 @@ from tests.helpers import (
 from tinyvllm.kernels import attention_decode, attention_prefill
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.reference import to_bf16
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16, from_bf16, to_bf16
+from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.reference import from_bf16, to_bf16
 
 
 @cuda.jit

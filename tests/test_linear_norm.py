@@ -24,10 +24,10 @@ from tests.helpers import (
 )
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.device.bf16 import to_bf16
 from tinyvllm.kernels.gemv import MAX_ROWS
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
-from tinyvllm.kernels.rmsnorm import RMSNorm
+from tinyvllm.kernels.operands import RMSNorm
+from tinyvllm.kernels.reference import to_bf16
 
 KERNELS = ("gemv", "tiled")
 NORMED_GEMV_TOLERANCE = 1e-4

@@ -24,11 +24,12 @@ from tests.helpers import (
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
 from tinyvllm.kernels.gemv import MAX_ROWS, gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.linear import linear_rope_write_kv
-from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
+from tinyvllm.kernels.reference import from_bf16, to_bf16
+from tinyvllm.kernels.rope import rope_write_kv
+from tinyvllm.model.rope import rope_inv_freq
 
 TARGETS = ("q", "k_cache", "v_cache")
 

@@ -3,6 +3,8 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
 from transformers import PreTrainedTokenizerFast
 
 from tests.hub_fixtures import hub_cache, llama3_tokenizer_dir, llama3_tokenizer_json  # noqa: F401

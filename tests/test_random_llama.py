@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from tests.random_llama import (
     LLAMA_3_2_1B_CONFIG,
@@ -12,7 +11,7 @@ from tests.random_llama import (
     make_random_llama_dir,
     save_bytes_tokenizer,
 )
-from tinyvllm.kernels.device.bf16 import from_bf16
+from tinyvllm.kernels.reference import from_bf16
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights, weight_shapes
@@ -35,7 +34,12 @@ def tiny_dir(tmp_path_factory):
 def test_default_config_is_llama_3_2_1b():
     config = ModelConfig.from_dict(LLAMA_3_2_1B_CONFIG)
     assert config.num_parameters == 1_235_814_400  # Llama-3.2-1B's published parameter count
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (16, 2048, 32, 8)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (
+        16,
+        2048,
+        32,
+        8,
+    )
     assert config.rope_scaling is not None and config.tie_word_embeddings
 
 
@@ -61,11 +65,15 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tiny_dir, tmp_path):
 
 
 def test_tiny_dir_runs_in_transformers(tiny_dir):
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, date_string="26 Jul 2024", return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        CHAT, add_generation_prompt=True, date_string="26 Jul 2024", return_tensors="pt", return_dict=True
+    )
     assert tokenizer.decode(ids["input_ids"][0]) == CHAT_TEXT
     assert ids["input_ids"][0].tolist() == Tokenizer.from_dir(tiny_dir).encode_chat(CHAT, date_string="26 Jul 2024")
     with torch.no_grad():
@@ -76,17 +84,27 @@ def test_tiny_dir_runs_in_transformers(tiny_dir):
 
 def test_llama3_tokenizer_dir(tmp_path):
     """The real Llama 3.2 tokenizer with a small body: its special ids, no <|image|>, the chat format."""
+    pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
     from transformers import AutoTokenizer
 
     overrides = {key: value for key, value in TINY_OVERRIDES.items() if key != "vocab_size"}
     model_dir = make_random_llama_dir(tmp_path, config_overrides=overrides)
     config = json.loads((model_dir / "config.json").read_text())
-    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (128256, 128000, [128001, 128008, 128009])
+    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (
+        128256,
+        128000,
+        [128001, 128008, 128009],
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert len(tokenizer) == 128256
-    assert tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, date_string="26 Jul 2024") == CHAT_TEXT
+    assert (
+        tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, date_string="26 Jul 2024")
+        == CHAT_TEXT
+    )
     ids = Tokenizer.from_dir(model_dir).encode_chat(CHAT, date_string="26 Jul 2024")
-    assert ids == tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, date_string="26 Jul 2024", return_dict=False)
+    assert ids == tokenizer.apply_chat_template(
+        CHAT, add_generation_prompt=True, date_string="26 Jul 2024", return_dict=False
+    )
     assert ids[0] == 128000 and ids.count(128009) == 2
 
 

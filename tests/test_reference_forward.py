@@ -7,6 +7,10 @@ random Llama with llama3 rope scaling whose prompts run past original_max_positi
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="transformers, the oracle, needs torch (the ref extra)")
+pytest.importorskip("transformers", reason="transformers is the oracle (the ref extra)")
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -18,7 +18,8 @@ from tests.helpers import (
 )
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.rope import rope_inv_freq, rope_write_kv
+from tinyvllm.kernels.rope import rope_write_kv
+from tinyvllm.model.rope import rope_inv_freq
 
 LLAMA_3_2_SCALING = LLAMA_3_2_1B_CONFIG["rope_scaling"]
 MAX_POSITION = 131072

@@ -19,8 +19,8 @@ from tinyvllm.backends.variants import (
     VariantTable,
     product_kernel,
 )
+from tinyvllm.config import EngineConfig
 from tinyvllm.engine.model_runner import ModelRunner
-from tinyvllm.engine.setup import EngineArgs
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.model.config import ModelConfig
@@ -48,7 +48,7 @@ def test_an_unknown_linear_backend_is_refused_by_name():
         VariantTable("cutlass", 132, True)
     with pytest.raises(ValueError, match="num_sms"):
         VariantTable("auto", 0, True)
-    assert EngineArgs().linear_backend in LINEAR_BACKENDS
+    assert EngineConfig().linear_backend in LINEAR_BACKENDS
 
 
 def test_decode_split_fills_the_gpu_as_the_table_says():
@@ -148,7 +148,7 @@ def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model
     rng = np.random.default_rng(0)
     weights = {name: random_bf16(rng, shape, 0.1) for name, shape in weight_shapes(TINY).items()}
     backend = CudaBackend(linear_backend)
-    runner = ModelRunner(TINY, weights, backend, EngineArgs(**options).limits(TINY))
+    runner = ModelRunner(TINY, weights, backend, EngineConfig(**options).resolve(TINY))
     step = kernel_list.prepare_decode_step(runner, batch, kernel_list.DEFAULT_CONTEXT, capture_graphs=False)
     with pytest.MonkeyPatch.context() as patch:
         actual = _launched_per_call(backend, patch)

@@ -5,7 +5,7 @@
     print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))[0].text)
 
 The names are imported on first use, so `import tinyvllm` stays cheap and decides
-nothing about the GPU (the test session and the CLI decide that first).
+nothing about the GPU (the test run and the CLI decide that first).
 """
 
 from importlib import import_module

@@ -1,43 +1,39 @@
 """The `tinyvllm` command line: generate, chat, serve, bench, convert.
 
-Every subcommand that runs a model takes the same engine flags (--model, --mode,
---backend, ...); with no --model the embedded SmolLM2-135M-Instruct is used.
+Every subcommand that runs a model takes the same engine flags: --model (with none, the
+embedded SmolLM2-135M-Instruct) and one flag per EngineConfig field (--mode, --backend,
+--max-num-seqs, ...). Only argparse and the config are imported here; each subcommand
+imports the engine when it runs, so `tinyvllm --help` loads no Numba.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 
-from tinyvllm.engine.scheduler import MODES
-from tinyvllm.engine.setup import BACKENDS
+from tinyvllm.config import EngineConfig, option_type
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, and one flag per EngineConfig field (--max-num-seqs for max_num_seqs), its help and default."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
-    group.add_argument("--mode", choices=MODES, default="continuous", help="batching policy")
-    group.add_argument("--backend", choices=BACKENDS, default="auto", help="cuda, numpy, or auto (cuda if a GPU is present)")
-    group.add_argument("--max-model-len", type=int, help="longest prompt + output, in tokens")
-    group.add_argument("--max-num-seqs", type=int, default=256, help="most sequences in one batch")
-    group.add_argument("--num-blocks", type=int, help="KV-cache blocks (default: sized from free memory)")
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    for spec in dataclasses.fields(EngineConfig):
+        flag = "--" + spec.name.replace("_", "-")
+        help_text = spec.metadata["help"]
+        kind = option_type(spec)
+        if kind is bool:
+            group.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if spec.default is not None:
+            help_text += f" (default: {spec.default})"
+        group.add_argument(flag, type=kind, choices=spec.metadata["choices"], default=spec.default, help=help_text)
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = {
-        "mode": args.mode,
-        "backend": args.backend,
-        "max_num_seqs": args.max_num_seqs,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enforce_eager": args.enforce_eager,
-    }
-    if args.max_model_len is not None:
-        kwargs["max_model_len"] = args.max_model_len
-    if args.num_blocks is not None:
-        kwargs["num_blocks"] = args.num_blocks
-    return kwargs
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine options the flags set (a bad value raises ValueError naming it)."""
+    return EngineConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(EngineConfig)})
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -82,7 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     prompts = read_prompts(args)
     params = sampling_params(args)
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(args.model, engine_config=engine_config(args))
     if args.raw:
         outputs = llm.generate(prompts, params)
     else:
@@ -103,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_chat(args: argparse.Namespace) -> None:
     from tinyvllm.serving.chat import run_chat
 
-    run_chat(args.model, engine_kwargs(args), sampling_params(args), system=args.system)
+    run_chat(args.model, engine_config(args), sampling_params(args), system=args.system)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -111,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     run_server(
         args.model,
-        engine_kwargs(args),
+        engine_config(args),
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
@@ -124,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from tinyvllm import benchmark
     from tinyvllm.llm import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(args.model, engine_config=engine_config(args))
     vocab = llm.engine.config.vocab_size
     if args.run == "latency":
         result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens)

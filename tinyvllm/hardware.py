@@ -1,6 +1,6 @@
 """Is there a CUDA GPU here? Asked of the driver directly, without importing Numba.
 
-The answer decides two things before any kernel module is imported: the test session
+The answer decides two things before any kernel module is imported: the test run
 switches Numba to its CUDA simulator when it is False, and `LLM(backend="auto")` picks
 the NumPy backend.
 """

@@ -11,6 +11,7 @@ class LLM:
     """Offline generation: `LLM(model).generate(prompts, params)` -> list[RequestOutput]."""
 
     def __init__(self, model: str | Path | None = None, **kwargs):
+        """`kwargs` are the engine options, EngineConfig's fields, or `engine_config=EngineConfig(...)`."""
         self.engine = LLMEngine(model, **kwargs)
         self.tokenizer = self.engine.tokenizer
 

@@ -45,10 +45,10 @@ from tinyvllm.benchmark import roofline_tok_per_s  # noqa: E402
 from tinyvllm.engine.model_runner import build_step, kv_block_bytes  # noqa: E402
 from tinyvllm.engine.scheduler import ScheduledBatch  # noqa: E402
 from tinyvllm.engine.sequence import Sequence  # noqa: E402
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16  # noqa: E402
-from tinyvllm.kernels.rope import rope_inv_freq  # noqa: E402
+from tinyvllm.kernels.reference import from_bf16, to_bf16  # noqa: E402
 from tinyvllm.llm import LLM  # noqa: E402
 from tinyvllm.model.config import ModelConfig  # noqa: E402
+from tinyvllm.model.rope import rope_inv_freq  # noqa: E402
 from tinyvllm.model.tokenizer import Tokenizer  # noqa: E402
 from tinyvllm.model.weights import read_header  # noqa: E402
 from tinyvllm.sampling_params import SamplingParams  # noqa: E402
@@ -249,7 +249,7 @@ def decode_step_ops(scratch: Path) -> str:
         if any(c[operator] for c in counts.values()):
             lines.append(f"| `{operator}` | " + " | ".join(str(c[operator]) for c in counts.values()) + " |")
     totals = [sum(n for op, n in c.items() if op != "upload_bytes") for c in counts.values()]
-    lines.append("| **operators (kernels)** | " + " | ".join(f"**{t}**" for t in totals) + " |")
+    lines.append("| **operator calls** | " + " | ".join(f"**{t}**" for t in totals) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -20,8 +20,9 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout, installed or not
 
+from tinyvllm.config import ResolvedEngineConfig  # noqa: E402
 from tinyvllm.engine.block_manager import BlockAllocator  # noqa: E402
-from tinyvllm.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from tinyvllm.engine.scheduler import Scheduler  # noqa: E402
 from tinyvllm.engine.sequence import Sequence, SequenceStatus  # noqa: E402
 from tinyvllm.sampling_params import SamplingParams  # noqa: E402
 
@@ -50,7 +51,7 @@ class Trace:
 
 def simulate(mode: str, prompt_lens, output_lens, **config) -> Trace:
     """Run every request to completion (all queued at step 0) through the real Scheduler."""
-    scheduler_config = SchedulerConfig(mode=mode, **config)
+    scheduler_config = ResolvedEngineConfig(mode=mode, **config)
     scheduler = Scheduler(scheduler_config, BlockAllocator(scheduler_config.num_blocks))
     seqs = []
     for index, (prompt_len, output_len) in enumerate(zip(prompt_lens, output_lens)):

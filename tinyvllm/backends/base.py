@@ -21,7 +21,7 @@ from typing import Annotated, Any, Protocol, TypeAlias, get_type_hints
 
 import numpy as np
 
-from tinyvllm.kernels.rmsnorm import RMSNorm
+from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig
 
 

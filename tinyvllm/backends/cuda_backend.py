@@ -10,15 +10,16 @@ import contextlib
 import gc
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 from numba.cuda.cudadrv.driver import device_memset
 
 from tinyvllm.backends.variants import VariantTable, decode_shape
 from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
+from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 
-if not config.ENABLE_CUDASIM:  # the simulator has its own cudadrv, without these
+if not SIMULATOR:  # the simulator has its own cudadrv, without these
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     from numba.cuda.cudadrv.driver import device_to_host, host_to_device
 
@@ -32,7 +33,7 @@ class CudaBackend:
     has_device_memory = True
 
     def __init__(self, linear_backend: str = "auto"):
-        self.simulated = config.ENABLE_CUDASIM
+        self.simulated = SIMULATOR
         self.can_capture_graphs = not self.simulated
         if self.can_capture_graphs:
             import cupy
@@ -107,7 +108,7 @@ class CudaBackend:
         self.stream.synchronize()
 
     def begin_capture(self) -> None:
-        """Start capturing the stream's work into a graph; its kernels launch with PDL (`kernels/pdl.py`)."""
+        """Start capturing the stream's work into a graph; its kernels launch with PDL (`kernels/device/pdl.py`)."""
         self.cupy_stream.begin_capture()
         self._capture_launches.enter_context(pdl.programmatic_launches())
 

@@ -4,15 +4,15 @@ The list is not written out by hand: the real runner (`ModelRunner`: the forward
 `LlamaModel`, the sampler, the CUDA graph of the batch's bucket) runs one decode step on
 the recording backend (`recording.py`), which asks the variant table what each operator
 call launches. Only the model's config is read (no weights), and no GPU is needed: the
-GPU is described by its SM count and whether cuBLAS runs there.
+GPU is described by its SM count and whether cuBLAS runs there. The module imports
+nothing heavy (NumPy, Numba) until the command runs: `tinyvllm --help` stays fast.
 """
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-
-import numpy as np
 
 H200_SMS = 132
 """The SM count of the H200 the project measures on: the default GPU."""
@@ -30,7 +30,9 @@ class _ZeroWeights(Mapping):
 
         self.shapes = weight_shapes(config)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str):
+        import numpy as np
+
         return np.broadcast_to(np.uint16(0), self.shapes[name])
 
     def __iter__(self):
@@ -53,19 +55,18 @@ def load_model_config(path: str | Path):
 def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, num_sms: int = H200_SMS,
                         cublas_available: bool = True, **engine_options) -> list:
     """The OperatorCalls, in launch order, of one decode step of `batch` sequences of
-    `context` cached tokens each, as the engine built with `engine_options` (LLM's
-    keyword arguments: linear_backend, max_model_len, block_size, max_num_seqs,
-    enforce_eager) runs it on a GPU of num_sms SMs."""
+    `context` cached tokens each, as the CUDA engine built with `engine_options` (the
+    EngineConfig fields: linear_backend, max_model_len, block_size, max_num_seqs,
+    enforce_eager, ...) runs it on a GPU of num_sms SMs."""
     from tinyvllm.backends.recording import RecordingBackend
     from tinyvllm.backends.variants import VariantTable
+    from tinyvllm.config import EngineConfig
     from tinyvllm.engine.model_runner import ModelRunner
-    from tinyvllm.engine.setup import EngineArgs
 
-    args = EngineArgs(backend="cuda", **engine_options)
-    limits = args.limits(config)
-    backend = RecordingBackend(VariantTable(args.linear_backend, num_sms, cublas_available))
-    runner = ModelRunner(config, _ZeroWeights(config), backend, limits)
-    step = prepare_decode_step(runner, batch, context, capture_graphs=not args.enforce_eager)
+    engine = EngineConfig(**(engine_options | {"backend": "cuda"})).resolve(config)
+    backend = RecordingBackend(VariantTable(engine.linear_backend, num_sms, cublas_available))
+    runner = ModelRunner(config, _ZeroWeights(config), backend, engine)
+    step = prepare_decode_step(runner, batch, context, capture_graphs=not engine.enforce_eager)
     backend.calls.clear()
     runner.execute(step)
     return backend.calls
@@ -74,6 +75,8 @@ def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, n
 def prepare_decode_step(runner, batch: int, context: int, *, capture_graphs: bool):
     """Give the runner a KV arena (and its CUDA graphs where `capture_graphs` and its
     backend can), and return a decode step of `batch` sequences of `context` cached tokens."""
+    import numpy as np
+
     from tinyvllm.engine.block_manager import blocks_needed
     from tinyvllm.engine.scheduler import ScheduledBatch
     from tinyvllm.engine.sequence import Sequence
@@ -139,38 +142,34 @@ def format_kernels(calls: list, num_layers: int) -> str:
     return "\n".join(lines)
 
 
-ENGINE_OPTIONS = {
-    "linear_backend": (str, "the matrix-product kernels, as the engine option"),
-    "max_model_len": (int, "as the engine option: the decode split depends on the block table's width"),
-    "block_size": (int, "as the engine option"),
-    "max_num_seqs": (int, "as the engine option: it sets the CUDA graphs' batch buckets"),
-}
-"""The engine options the command passes on when given (the engine's own defaults otherwise)."""
-
-
 def add_parser(subcommands) -> argparse.ArgumentParser:
-    """Add the `kernels` command to the CLI's subcommands (importing nothing heavy: `--help` stays fast)."""
+    """Add the `kernels` command to the CLI's subcommands: the step's shape, the GPU, and
+    the engine's own flags (`cli.add_engine_arguments`)."""
+    from tinyvllm.cli import add_engine_arguments
+
     parser = subcommands.add_parser("kernels", help="the kernels one decode step launches on the GPU, from the config")
-    parser.add_argument("--model", required=True, help="a model directory, or its config.json")
     parser.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
     parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
                         help=f"cached tokens per sequence (default {DEFAULT_CONTEXT}; the kernels do not depend on it)")
     parser.add_argument("--sms", type=int, default=H200_SMS, help=f"the GPU's SM count (default {H200_SMS}, the H200)")
     parser.add_argument("--no-cublas", action="store_true", help="a GPU without cuBLAS (CuPy not installed)")
-    for name, (kind, text) in ENGINE_OPTIONS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: the batch as it is")
+    add_engine_arguments(parser)
     parser.set_defaults(handler=run_kernels)
     return parser
 
 
 def run_kernels(args: argparse.Namespace) -> None:
-    """Print the decode step's kernel list for the command's arguments."""
+    """Print the decode step's kernel list for the command's arguments (--model: a model
+    directory or its config.json)."""
+    from tinyvllm.cli import engine_config
+
+    if args.model is None:
+        raise ValueError("model: give a model directory or its config.json")
     config = load_model_config(args.model)
-    given = {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name) is not None}
+    engine = engine_config(args)
     calls = decode_step_kernels(config, args.batch, context=args.context, num_sms=args.sms,
-                                cublas_available=not args.no_cublas, enforce_eager=args.enforce_eager, **given)
+                                cublas_available=not args.no_cublas, **dataclasses.asdict(engine))
     cublas = "without cuBLAS" if args.no_cublas else "with cuBLAS"
-    options = "".join(f", {name} {value!r}" for name, value in given.items())
-    print(f"{args.model}: one decode step of {args.batch} sequences on a GPU of {args.sms} SMs {cublas}{options}")
+    print(f"{args.model}: one decode step of {args.batch} sequences on a GPU of {args.sms} SMs {cublas}, "
+          f"linear_backend {engine.linear_backend!r}")
     print(format_kernels(calls, config.num_hidden_layers))

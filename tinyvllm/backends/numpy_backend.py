@@ -19,11 +19,9 @@ head_dim]`; a layer's K (or V) is the contiguous view `arena[layer, 0]` (or 1).
 
 import numpy as np
 
+from tinyvllm.config import ACTIVATION_DTYPES
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
-from tinyvllm.kernels.device.rng import gumbel_noise
-
-ACTIVATION_DTYPES = ("bf16", "float32")
+from tinyvllm.kernels.reference import from_bf16, gumbel_noise, to_bf16
 
 
 class NumpyBackend:

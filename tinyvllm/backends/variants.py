@@ -31,11 +31,10 @@ launches: the CUDA backend runs what the first two say, and the kernel list
 
 from dataclasses import dataclass
 
+from tinyvllm.config import LINEAR_BACKENDS
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS
 from tinyvllm.kernels.gemv import MAX_ROWS
 
-LINEAR_BACKENDS = ("auto", "numba", "cublas", "tiled", "gemv")
-"""The values of the `linear_backend` engine option."""
 GEMV_ROWS = MAX_ROWS
 """"numba" uses the GEMV kernel up to this many rows of x (confirm with perf/bench_gemm.py)."""
 AUTO_GEMV_ROWS = 1

@@ -1,6 +1,6 @@
 """CUDA graphs for the decode step: one capture per batch-size bucket, replayed each step.
 
-A decode step of Llama 3.2 1B is about 200 kernel launches. From Python each Numba
+A decode step launches several kernels for each layer of the model. From Python each Numba
 launch costs 18 to 57 microseconds; replaying a captured graph costs about 0.9 per
 kernel. So the runner captures the whole decode step (forward and sampling) once for
 each bucket of batch sizes, and a step of B sequences replays the smallest bucket that
@@ -17,7 +17,8 @@ the runner's, so all graphs share the same memory.
 
 import numpy as np
 
-from tinyvllm.engine.step_inputs import HostStep, StepBuffers
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers, empty_step
+from tinyvllm.model.step_fields import STEP_FIELDS, Pad
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 16
@@ -33,30 +34,26 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
     return buckets
 
 
+# Read once per padded step: module globals, not enum attributes.
+_PADS = tuple((field.name, field.pad) for field in STEP_FIELDS)
+_KEEP, _ROW_INDEX = Pad.KEEP, Pad.ROW_INDEX
+
+
 def pad_decode_step(step: HostStep, size: int) -> HostStep:
-    """The decode step padded with `size - B` rows that are safe to compute and ignore."""
-    extra = size - step.token_ids.shape[0]
-
-    def pad(array: np.ndarray, value) -> np.ndarray:
-        filler = np.full((extra, *array.shape[1:]), value, dtype=array.dtype)
-        return np.concatenate([array, filler])
-
-    return HostStep(
-        token_ids=pad(step.token_ids, 0),
-        token_sources=pad(step.token_sources, -1),
-        positions=pad(step.positions, 0),
-        slot_mapping=pad(step.slot_mapping, -1),
-        block_tables=pad(step.block_tables, 0),
-        context_lens=pad(step.context_lens, 1),
-        prefill_cu_seqlens=step.prefill_cu_seqlens,
-        sample_rows=np.arange(size, dtype=np.int32),
-        temperature=pad(step.temperature, 0.0),
-        top_k=pad(step.top_k, -1),
-        top_p=pad(step.top_p, 1.0),
-        seeds=pad(step.seeds, 0),
-        sample_positions=pad(step.sample_positions, 0),
-        num_decode=size,
-    )
+    """The decode step padded with `size - B` rows that are safe to compute and ignore:
+    each field's rows past B hold its `STEP_FIELDS` pad value."""
+    padded = []
+    for name, pad in _PADS:
+        array = getattr(step, name)
+        if pad is _KEEP:
+            padded.append(array)
+        elif pad is _ROW_INDEX:
+            padded.append(np.arange(size, dtype=array.dtype))
+        else:
+            rows = np.full((size, *array.shape[1:]), pad, dtype=array.dtype)
+            rows[: array.shape[0]] = array
+            padded.append(rows)
+    return HostStep(*padded, size)
 
 
 # --8<-- [start:graphs]
@@ -76,8 +73,9 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def capture(self, runner, template: HostStep) -> None:
-        """Capture every bucket, largest first, from a valid one-sequence decode step."""
+    def capture(self, runner) -> None:
+        """Capture every bucket, largest first, each from a step of padding rows only."""
+        template = empty_step(runner.limits.max_blocks_per_seq)
         for size in reversed(self.buckets):
             inputs = runner.buffers.upload(pad_decode_step(template, size))
             runner.forward_and_sample(inputs)

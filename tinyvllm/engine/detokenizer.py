@@ -23,7 +23,7 @@ Stop strings are found in the emitted text: `find_stop_string` for a match, and
 back until it can tell.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tinyvllm.model.tokenizer import Tokenizer
 

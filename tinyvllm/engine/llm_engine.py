@@ -15,12 +15,13 @@ import sys
 from collections.abc import Sequence as SequenceABC
 from pathlib import Path
 
+from tinyvllm.config import EngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from tinyvllm.engine.model_runner import LaunchedStep
-from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler
 from tinyvllm.engine.sequence import RequestOutput, Sequence
-from tinyvllm.engine.setup import EngineArgs, build_runner
+from tinyvllm.engine.setup import build_runner
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights
@@ -30,31 +31,33 @@ Prompt = str | list[int]
 
 
 class LLMEngine:
-    def __init__(self, model: str | Path | None = None, **kwargs):
-        self.args = EngineArgs(**kwargs)
+    def __init__(self, model: str | Path | None = None, engine_config: EngineConfig | None = None, **kwargs):
+        """Load `model` (a Hugging Face directory; None: the embedded SmolLM2) and size its KV cache.
+
+        The engine options are `engine_config`, or `kwargs` naming EngineConfig's fields
+        (`LLMEngine(model, max_num_seqs=8)`), never both: all are checked before any weight loads.
+        """
+        if engine_config is not None and kwargs:
+            raise TypeError(f"LLMEngine: pass engine_config or engine options, not both (got {sorted(kwargs)})")
+        options = engine_config if engine_config is not None else EngineConfig(**kwargs)
         model_dir = Path(model) if model is not None else _default_model_dir()
         self.model_dir = model_dir
         self.config = ModelConfig.from_dir(model_dir)
+        self.engine_config = options.resolve(self.config)
         self.tokenizer = Tokenizer.from_dir(model_dir)
-        self.runner, limits = build_runner(self.config, load_weights(model_dir, self.config), self.args)
-        self.max_model_len = limits.max_model_len
+        self.runner = build_runner(self.config, load_weights(model_dir, self.config), self.engine_config)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=self.runner.num_blocks,
-                block_size=limits.block_size,
-                max_num_seqs=limits.max_num_seqs,
-                max_num_batched_tokens=limits.max_num_batched_tokens,
-                max_model_len=limits.max_model_len,
-                mode=self.args.mode,
-                eos_token_ids=self.config.stop_token_ids,
-            ),
-            BlockAllocator(self.runner.num_blocks),
+            self.engine_config, BlockAllocator(self.runner.num_blocks), eos_token_ids=self.config.stop_token_ids
         )
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._sequences: dict[str, Sequence] = {}
         self._final_only: set[str] = set()
         self._request_ids = itertools.count()
         self._in_flight: tuple[ScheduledBatch, LaunchedStep] | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_config.max_model_len
 
     # -- requests ------------------------------------------------------------------
     def add_request(

@@ -16,18 +16,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.backends.base import Backend
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
-from tinyvllm.engine.step_inputs import HostStep, RunnerLimits, StepBuffers, build_step
+from tinyvllm.engine.step_inputs import StepBuffers, build_step
 from tinyvllm.model.config import ModelConfig
-from tinyvllm.model.llama import LlamaModel, StepInputs, Workspace
+from tinyvllm.model.llama import LlamaModel, Workspace
+from tinyvllm.model.step_fields import StepInputs
 from tinyvllm.sampling_params import SamplingParams
 
 
 class ModelRunner:
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend, limits: RunnerLimits):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend,
+                 limits: ResolvedEngineConfig):
         self.config = config
         self.backend = backend
         self.limits = limits
@@ -51,23 +54,7 @@ class ModelRunner:
     def capture_decode_graphs(self) -> None:
         """Capture the decode step for every batch-size bucket (after the arena exists)."""
         graphs = DecodeGraphs(graph_buckets(self.limits.max_num_seqs))
-        template = HostStep(
-            token_ids=np.zeros(1, np.int32),
-            token_sources=np.full(1, -1, np.int32),
-            positions=np.zeros(1, np.int32),
-            slot_mapping=np.full(1, -1, np.int32),
-            block_tables=np.zeros((1, self.limits.max_blocks_per_seq), np.int32),
-            context_lens=np.ones(1, np.int32),
-            prefill_cu_seqlens=np.zeros(1, np.int32),
-            sample_rows=np.zeros(1, np.int32),
-            temperature=np.zeros(1, np.float32),
-            top_k=np.full(1, -1, np.int32),
-            top_p=np.ones(1, np.float32),
-            seeds=np.zeros(1, np.uint64),
-            sample_positions=np.zeros(1, np.int64),
-            num_decode=1,
-        )
-        graphs.capture(self, template)
+        graphs.capture(self)
         self.graphs = graphs
 
     # --8<-- [start:warm-up]

@@ -23,7 +23,7 @@ cache, so the oldest running sequence can always grow (by preempting all the oth
 the queue never deadlocks: schedule() returns None only when no request is unfinished or
 every running one is only waiting for its last token.
 
-Policies (SchedulerConfig.mode):
+Policies (EngineConfig.mode):
 - continuous: running sequences first, in admission order; then waiting ones join in queue
   order while max_num_seqs, the token budget and free blocks allow. Nothing joins in a step
   that preempted (the blocks just proved short).
@@ -36,34 +36,14 @@ Policies (SchedulerConfig.mode):
 """
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
-
-MODES = ("continuous", "static")
-
-
-@dataclass(kw_only=True)
-class SchedulerConfig:
-    num_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 4096
-    mode: str = "continuous"
-    eos_token_ids: tuple[int, ...] = ()  # the model's; a request's ignore_eos turns them off
-
-    def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
 
 
 @dataclass
@@ -91,17 +71,21 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
-        if allocator.num_blocks != config.num_blocks:
+    def __init__(
+        self, config: ResolvedEngineConfig, allocator: BlockAllocator, eos_token_ids: Iterable[int] = ()
+    ) -> None:
+        """`allocator` holds the KV cache's blocks (config.num_blocks of them when that is set);
+        `eos_token_ids` are the model's, which a request's ignore_eos turns off."""
+        if config.num_blocks is not None and allocator.num_blocks != config.num_blocks:
             raise ValueError(
-                f"allocator has {allocator.num_blocks} blocks, config.num_blocks is {config.num_blocks}"
+                f"num_blocks: the allocator has {allocator.num_blocks} blocks, config.num_blocks is {config.num_blocks}"
             )
         self.config = config
         self.allocator = allocator
         self.waiting: deque[Sequence] = deque()  # read-only outside: queue order
         self.running: list[Sequence] = []  # read-only outside: admission order, last preempted first
         self.num_preemptions = 0
-        self._eos = frozenset(config.eos_token_ids)
+        self._eos = frozenset(int(t) for t in eos_token_ids)
         self._unfinished: dict[str, Sequence] = {}
         self._static_batch: set[str] = set()  # request ids of the active static batch
 
@@ -134,10 +118,10 @@ class Scheduler:
         # The longest token list it can reach; the last sampled token is never computed.
         longest = min(prompt_len + seq.sampling_params.max_tokens, max(max_model_len, prompt_len + 1))
         needed = blocks_needed(longest - 1, self.config.block_size)
-        if needed > self.config.num_blocks:
+        if needed > self.allocator.num_blocks:
             raise ValueError(
                 f"prompt of {prompt_len} tokens with max_tokens {seq.sampling_params.max_tokens} "
-                f"needs {needed} KV-cache blocks, the cache has {self.config.num_blocks}"
+                f"needs {needed} KV-cache blocks, the cache has {self.allocator.num_blocks}"
             )
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq

@@ -15,47 +15,32 @@ keeps the real one instead: `token_sources[t]`, the row of step n-1's sampled to
 (the runner copies it in on the device before the embedding, `feed_sampled_tokens`).
 """
 
-from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
 from tinyvllm.backends.base import Backend
+from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.scheduler import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
-from tinyvllm.model.llama import StepInputs
+from tinyvllm.model.step_fields import STEP_FIELDS, StepInputs, step_class
+
+HostStep = step_class(
+    "HostStep",
+    __name__,
+    """One step's metadata on the host: a NumPy array per `STEP_FIELDS` entry, and how many
+    of its sequences decode. `StepInputs` holds the same on the device.""",
+    np.ndarray,
+    ("num_decode",),
+)
 
 
-@dataclass(frozen=True)
-class RunnerLimits:
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return -(-self.max_model_len // self.block_size)
-
-
-@dataclass
-class HostStep:
-    """One step's metadata on the host; `StepInputs` holds the same on the device."""
-
-    token_ids: np.ndarray
-    token_sources: np.ndarray
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    block_tables: np.ndarray
-    context_lens: np.ndarray
-    prefill_cu_seqlens: np.ndarray
-    sample_rows: np.ndarray
-    temperature: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-    seeds: np.ndarray
-    sample_positions: np.ndarray
-    num_decode: int
+def empty_step(max_blocks_per_seq: int) -> HostStep:
+    """A step of no sequences. Padded up to a graph bucket, every row of it is a padding
+    row: the template the decode graphs are captured from."""
+    return HostStep(
+        *[np.zeros(field.extent.shape(0, 0, max_blocks_per_seq), field.dtype) for field in STEP_FIELDS], 0
+    )
 
 
 # --8<-- [start:build-step]
@@ -118,7 +103,7 @@ class StepBuffers:
 
     Every field lives at a fixed offset of a pinned host staging area and of one device
     area with the same layout, so a step's metadata crosses to the GPU in a single copy
-    (a copy per field costs tens of microseconds of Python each, and a step has thirteen).
+    (a copy per field would cost tens of microseconds of Python for each of the `STEP_FIELDS`).
     `block_tables` comes last, and only the rows a step uses are copied. There are two
     staging areas, used in turn: the copy of step n may still be queued behind step n-1
     while the host fills in step n+1. The sampled tokens come back the same way, into
@@ -127,38 +112,31 @@ class StepBuffers:
 
     ALIGNMENT = 256
 
-    def __init__(self, backend: Backend, limits: RunnerLimits):
-        tokens, seqs = limits.max_num_batched_tokens, limits.max_num_seqs
+    def __init__(self, backend: Backend, limits: ResolvedEngineConfig):
         self.backend = backend
         shapes = {
-            "token_ids": ((tokens,), np.int32),
-            "token_sources": ((tokens,), np.int32),
-            "positions": ((tokens,), np.int32),
-            "slot_mapping": ((tokens,), np.int32),
-            "context_lens": ((seqs,), np.int32),
-            "prefill_cu_seqlens": ((seqs + 1,), np.int32),
-            "sample_rows": ((seqs,), np.int32),
-            "temperature": ((seqs,), np.float32),
-            "top_k": ((seqs,), np.int32),
-            "top_p": ((seqs,), np.float32),
-            "seeds": ((seqs,), np.uint64),
-            "sample_positions": ((seqs,), np.int64),
-            "block_tables": ((seqs, limits.max_blocks_per_seq), np.int32),
+            field.name: (
+                field.extent.shape(limits.max_num_batched_tokens, limits.max_num_seqs, limits.max_blocks_per_seq),
+                field.dtype,
+            )
+            for field in STEP_FIELDS
         }
         offsets, end = {}, 0
-        for name, (shape, dtype) in shapes.items():
+        for name in sorted(shapes, key=lambda name: name == "block_tables"):
             offsets[name] = end
-            end += -(-_nbytes(shape, dtype) // self.ALIGNMENT) * self.ALIGNMENT
+            end += -(-_nbytes(*shapes[name]) // self.ALIGNMENT) * self.ALIGNMENT
         self.staging = [backend.pinned_empty((end,), np.uint8) for _ in range(2)]
         self.device = backend.empty((end,), np.uint8)
+        # (name, view) pairs in table order: `views` passes them to StepInputs by position.
         self.host_fields = [
-            {name: _field(staging, offsets[name], dtype, shape) for name, (shape, dtype) in shapes.items()}
+            tuple((name, _field(staging, offsets[name], dtype, shape)) for name, (shape, dtype) in shapes.items())
             for staging in self.staging
         ]
-        self.device_fields = {
-            name: _field(self.device, offsets[name], dtype, shape) for name, (shape, dtype) in shapes.items()
-        }
+        self.device_fields = tuple(
+            (name, _field(self.device, offsets[name], dtype, shape)) for name, (shape, dtype) in shapes.items()
+        )
         self.block_tables_offset = offsets["block_tables"]
+        seqs = limits.max_num_seqs
         self.sampled = backend.empty((seqs,), np.int32)
         self.sampled_host = [backend.pinned_empty((seqs,), np.int32) for _ in range(2)]
         self.sampled_ready = [backend.new_event() for _ in range(2)]
@@ -168,7 +146,7 @@ class StepBuffers:
         """Copy the step's metadata into the leading part of each field, on the device,
         through the staging area whose turn it is."""
         self.turn ^= 1
-        for name, host in self.host_fields[self.turn].items():
+        for name, host in self.host_fields[self.turn]:
             value = getattr(step, name)
             host[: value.shape[0]] = value
         used = self.block_tables_offset + step.block_tables.nbytes
@@ -176,15 +154,12 @@ class StepBuffers:
 
     def views(self, step: HostStep) -> StepInputs:
         """Device views of the leading part of each field that `step` uses."""
-        views = {
-            name: self.backend.prefix(device, getattr(step, name).shape[0])
-            for name, device in self.device_fields.items()
-        }
+        prefix = self.backend.prefix
         return StepInputs(
-            **views,
-            num_tokens=step.token_ids.shape[0],
-            num_decode=step.num_decode,
-            num_prefill_seqs=step.context_lens.shape[0] - step.num_decode,
+            *[prefix(device, getattr(step, name).shape[0]) for name, device in self.device_fields],
+            step.token_ids.shape[0],
+            step.num_decode,
+            step.context_lens.shape[0] - step.num_decode,
         )
 
     def upload(self, step: HostStep) -> StepInputs:

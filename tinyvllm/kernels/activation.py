@@ -17,7 +17,6 @@ its loads in flight together.
 
 import math
 
-import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
@@ -65,11 +64,6 @@ def _silu_mul_kernel(gate_up, out):
         result[half + i] = silu_times(last_pairs[2 * i], last_pairs[2 * i + 1])
     store_bf16x8(out[row], column, result)
 # --8<-- [end:kernel]
-
-
-def interleave_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """Host: [gate row 0, up row 0, gate row 1, ...], the layout of a layer's gate|up weight."""
-    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
 
 
 def silu_mul(gate_up, out, *, stream=0) -> None:

@@ -1,4 +1,4 @@
-"""What the attention kernels share: the paged-cache checks, lane groups, the online softmax.
+"""What the attention kernels share: the paged-cache checks and the online softmax.
 
 The paged KV cache of one layer is `k_cache, v_cache: uint16[num_blocks, block_size, Hkv, D]`.
 Sequence s keeps its token at position p in block `block_tables[s, p // block_size]`, row
@@ -19,60 +19,18 @@ scaled by log2(e) / sqrt(D) once, so every exp(x) above becomes exp2(x), a singl
 ex2.approx on the GPU instead of libdevice's dozen-instruction expf.
 
 Lane groups. Some kernels spread one dot product over a small group of adjacent lanes,
-each holding a slice of D, and add the slices with butterfly shuffles. The CUDA simulator
-has no shuffles; there the same sum goes through shared memory (`group_scratch_shape`
-gives the scratch each world needs). Every thread of the block must make the call the
-same number of times, since the simulator's version synchronises the block.
+each holding a slice of D, and add the slices with `reduce.lane_group_sum`.
 """
 
 import math
 
 import numpy as np
-from numba import config, cuda, float32
+from numba import cuda, float32
 
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.vector_io import check_rows_of_eight
 
-SIMULATOR = config.ENABLE_CUDASIM
 LOG2_E = 1.4426950408889634
-SHARED_ALIGNMENT = None if SIMULATOR else 16
-"""16-byte aligned shared tiles let NVVM merge four float32 reads into one ld.shared.v4
-(four times fewer shared-memory instructions); the simulator refuses any alignment."""
-
-
-def group_scratch_shape(threads: int, values: int) -> tuple[int, int]:
-    """Shared float32 scratch for `lane_group_sum` of `values` numbers per thread."""
-    return (threads, values) if SIMULATOR else (1, 1)
-
-
-@cuda.jit(device=True, inline=True)
-def _shuffle_group_sum(values, lanes, scratch):
-    offset = lanes // 2
-    while offset > 0:
-        for i in range(values.shape[0]):
-            values[i] += cuda.shfl_xor_sync(0xFFFFFFFF, values[i], offset)
-        offset //= 2
-
-
-@cuda.jit(device=True, inline=True)
-def _shared_group_sum(values, lanes, scratch):
-    if lanes == 1:
-        return
-    tid = cuda.threadIdx.x
-    first = tid - tid % lanes
-    cuda.syncthreads()
-    for i in range(values.shape[0]):
-        scratch[tid, i] = values[i]
-    cuda.syncthreads()
-    for i in range(values.shape[0]):
-        total = float32(0.0)
-        for lane in range(lanes):
-            total += scratch[first + lane, i]
-        values[i] = total
-
-
-lane_group_sum = _shared_group_sum if SIMULATOR else _shuffle_group_sum
-"""values[i] = sum of values[i] over the `lanes` adjacent threads of this thread's group (in place)."""
 
 
 # --8<-- [start:rescale]

@@ -35,19 +35,16 @@ from numba import cuda, float32
 
 from tinyvllm.kernels.attention_common import (
     LOG2_E,
-    SHARED_ALIGNMENT,
-    SIMULATOR,
     block_shift,
     check_paged_cache,
     check_sequences,
-    group_scratch_shape,
-    lane_group_sum,
     rescale,
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.device.reduce import WARP
+from tinyvllm.kernels.device.reduce import LANE_GROUP_WARP, group_scratch_shape, lane_group_sum
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 
 PREFILL_THREADS = 128
@@ -69,7 +66,7 @@ def prefill_layout(head_dim: int, group: int, threads: int, rows_per_thread: int
     """
     dims = min(dims_per_thread, head_dim)
     lanes = head_dim // dims
-    step = 1 if SIMULATOR else WARP // math.gcd(WARP, lanes * group)
+    step = LANE_GROUP_WARP // math.gcd(LANE_GROUP_WARP, lanes * group)
     row_sets = max(step, threads // (lanes * group) // step * step)
     return dims, lanes, row_sets * lanes * group, row_sets * rows_per_thread
 

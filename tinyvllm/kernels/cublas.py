@@ -29,9 +29,10 @@ import functools
 import importlib.util
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from tinyvllm.hardware import has_cuda_gpu
+from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import check_linear
 
 CUBLAS_OP_N = 0
@@ -55,7 +56,7 @@ class CublasError(RuntimeError):
 @functools.cache
 def available() -> bool:
     """cuBLAS runs here: a real GPU (not the simulator) and CuPy installed."""
-    return not config.ENABLE_CUDASIM and has_cuda_gpu() and importlib.util.find_spec("cupy") is not None
+    return not SIMULATOR and has_cuda_gpu() and importlib.util.find_spec("cupy") is not None
 
 
 def _declare(library: ctypes.CDLL) -> ctypes.CDLL:

@@ -31,11 +31,12 @@ warp) hits 32 different banks.
 import functools
 
 import numpy as np
-from numba import config, cuda, float32
+from numba import cuda, float32
 
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
 from tinyvllm.kernels.device.vector_io import (
     ALIGNMENT_BYTES,
     VECTOR,
@@ -57,11 +58,8 @@ THREADS_N = BLOCK_N // MICRO
 assert THREADS == (BLOCK_M // MICRO) * (BLOCK_N // MICRO), "one 8 x 8 micro-tile per thread"
 assert BLOCK_M == BLOCK_N and THREADS * VECTOR == BLOCK_M * BLOCK_K, "one chunk of X and one of W per thread"
 
-_SHARED_ALIGNMENT = None if config.ENABLE_CUDASIM else 16
-"""16-byte shared loads need 16-byte aligned tiles; the simulator refuses the argument."""
-
-_OCCUPANCY = {} if config.ENABLE_CUDASIM else {"launch_bounds": (THREADS, 2)}
-"""Two blocks per SM, so at most 128 registers a thread (the simulator takes no launch bounds)."""
+_OCCUPANCY = launch_bounds(THREADS, 2)
+"""Two blocks per SM, so at most 128 registers a thread."""
 
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
@@ -170,8 +168,8 @@ def gemm_kernel(read_chunk, store):
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
-        a_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_M), float32, _SHARED_ALIGNMENT)
-        b_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_N), float32, _SHARED_ALIGNMENT)
+        a_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_M), float32, SHARED_ALIGNMENT)
+        b_tiles = cuda.shared.array((2, BLOCK_K, BLOCK_N), float32, SHARED_ALIGNMENT)
         acc = cuda.local.array((MICRO, MICRO), float32)
         a_frag = cuda.local.array(MICRO, float32)
         b_frag = cuda.local.array(MICRO, float32)

@@ -13,7 +13,7 @@ takes the 8-element chunks t, t + T, t + 2T, ... along K, `depth` of them at a t
 issues every load of those chunks (one 16-byte load per row of W and per row of X,
 `chunk_fetcher`) before its first multiply, so it waits for device memory once per
 `depth` chunks, with depth x (R + M) loads in flight. No kernel writes W, so under
-programmatic dependent launch (`pdl.py`) a block issues its first weight loads even before
+programmatic dependent launch (`device/pdl.py`) a block issues its first weight loads even before
 the kernel ahead of it, which writes X, has finished; in a decode step's graph the weights
 of one product start streaming while the kernel before it drains. Rows past N read the
 last row again instead of branching, and their sums are not stored.
@@ -23,29 +23,25 @@ row groups b, b + grid, b + 2 grid, ..., and issues the first loads of its next 
 before it reduces the current one, so its loads never stop for the reduction's barriers,
 and no second wave of blocks starts part empty.
 
-The launch shape (`launch_shape`) was measured on the H200 (`python -m perf.bench_gemm
---sweep`, weights streamed through a graph with PDL): T is the largest power of two that
-leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS, MAX_THREADS]; R is 4 for
-rows longer than LONG_ROW or (at M = 1) products at least WIDE_OUTPUT wide, else 2; depth
-is all of a thread's chunks, as far as WORD_BUDGET registers hold them and NVVM still
-unrolls the products (UNROLLED_PRODUCTS, below). On gate|up
+The launch shape (`launch_shape`) comes from a sweep on the H200 (`python -m perf.bench_gemm
+--sweep`, weights streamed through a graph with PDL; its runs are in perf/LOG.md): T is the
+largest power of two that leaves each thread CHUNKS_PER_THREAD chunks, within [MIN_THREADS,
+MAX_THREADS]; R is 4 for rows longer than LONG_ROW or (at M = 1) products at least
+WIDE_OUTPUT wide, else 2; depth is all of a thread's chunks, as far as WORD_BUDGET registers
+hold them and NVVM still unrolls the products (UNROLLED_PRODUCTS, below). On gate|up
 (K = 2048, N = 8192) that is 64 threads x 4 rows x 4 chunks and 1,056 blocks looping over
-2,048 row groups: 3.78 to 3.80 TB/s, where one block per row group streamed 3.29 (and the
-former 64 x 2, 3.33); the fused gate|up with SiLU of a decode step 3.98. At K = 8192 (the
-down projection, N = 2048) 128 x 4 x 4 streams 3.72, one block per group (512 of them fit
-at once). The o projection (N = 2048) keeps two rows a block: four streamed 2.5 where two
-stream 2.76. Past M = 1 the grid is one block per row group and wide products keep two
-rows a block: four rows and the capped grid were measured only at M = 1, and with four
-rows of W and four of X the register budget holds only three chunks at once (the gate|up
-product at M = 4 took 2.6 times as long).
+2,048 row groups, which stream 3.78 TB/s where one block per row group streams 3.29. The o
+projection (N = 2048) keeps two rows a block, which stream faster there than four. Past
+M = 1 the grid is one block per row group and wide products keep two rows a block: with four
+rows of W and four of X the register budget holds only three chunks at once, and the M = 1
+shape made those products slower.
 
 A thread's loaded chunks stay in registers only while NVVM unrolls the loops over them
 completely: every index into the chunk arrays must be a constant. It does so up to about
 36 (chunk slot, row of W, row of X) products a thread; past that the chunk-slot loop stays
 a loop, and its arrays are indexed at run time and live in local memory, which is device
-memory. Compiled for sm_90 (`python -m perf.kernel_registers --batch 4`), the down
-projection (four rows a block) kept a 288- to 384-byte stack frame at M = 4 to 8, where
-three or two chunk slots made 40 to 64 products. So depth is also capped at
+memory (`python -m perf.kernel_registers --batch 4` shows such a stack frame when a down
+projection's chunk slots make 40 to 64 products at M = 4 to 8). So depth is also capped at
 UNROLLED_PRODUCTS / (R x M), or / ((R + 1) x M) when the kernel also applies the norm
 (below), whose gain and squares add work per chunk as a row of W would.
 
@@ -70,8 +66,8 @@ goes through the block's reduction with the others, and the thread that finishes
 reduction scales the block's sums by r before the epilogue reads them. No barrier comes
 before the loop and no normalised row is stored: the norm's own kernel and its round trip
 through memory drop out of the step. Its sums differ from the unfused path's only in that
-the normalised row is never rounded to bf16. The residual add that used to come with the
-norm goes into the store of the product before it (`accumulate`): each block loads the
+the normalised row is never rounded to bf16. The residual add that comes before the norm
+goes into the store of the product before it (`accumulate`): each block loads the
 residual elements its sums go to when it starts a row group, and stores their sum in place.
 
 Two products take the operator after them into their store: SwiGLU (`gemv_silu.py`) and
@@ -86,14 +82,16 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32, uint32
+from numba import cuda, float32, uint32
 
 from tinyvllm.kernels.device.bf16 import bf16_to_f32
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
+from tinyvllm.kernels.device.simulator import launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 from tinyvllm.kernels.gemm import STORES, check_linear, read_chunk_ragged, rows_of_eight
-from tinyvllm.kernels.rmsnorm import RMSNorm, check_norm
+from tinyvllm.kernels.operands import RMSNorm
+from tinyvllm.kernels.rmsnorm import check_norm
 
 MIN_THREADS = 64
 MAX_THREADS = 256
@@ -106,7 +104,6 @@ WIDE_OUTPUT wide at M = 1; others two."""
 BLOCKS_PER_SM = 8
 """At M = 1, the grid's size per SM past which blocks loop over row groups."""
 MAX_ROWS = 8
-SIMULATOR = config.ENABLE_CUDASIM
 """The simulator takes no launch bounds."""
 WORD_BUDGET = 96
 """32-bit registers a thread may hold loaded chunks in (W rows and X rows, `depth` deep)."""
@@ -280,10 +277,10 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
                 cuda.syncthreads()  # before the next group writes partials again
 
     # At M = 1 a thread gets at most 128 registers (those of an SM over BLOCKS_PER_SM x
-    # MIN_THREADS threads), so that the capped grid runs as one wave; a normalizing kernel
-    # took 136 and the seven blocks an SM then held left the grid's last eighth waiting.
+    # MIN_THREADS threads), so that the capped grid runs as one wave: at 136 an SM would
+    # hold seven blocks, and the grid's last eighth would wait for a second wave.
     resident = BLOCKS_PER_SM * MIN_THREADS // threads
-    bounds = {"launch_bounds": (threads, resident)} if m_rows == 1 and not SIMULATOR else {}
+    bounds = launch_bounds(threads, resident) if m_rows == 1 else {}
 
     if normalize:
         @cuda.jit(**bounds)

@@ -31,7 +31,7 @@ from numba import cuda, float32
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.gemv import launch
-from tinyvllm.kernels.rmsnorm import RMSNorm
+from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.kernels.rope import check_rope_targets
 
 

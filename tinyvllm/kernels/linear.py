@@ -26,7 +26,8 @@ from tinyvllm.kernels.gemm import check_linear, gemm
 from tinyvllm.kernels.gemv import gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
-from tinyvllm.kernels.rmsnorm import RMSNorm, rmsnorm
+from tinyvllm.kernels.operands import RMSNorm
+from tinyvllm.kernels.rmsnorm import rmsnorm
 from tinyvllm.kernels.rope import check_rope_targets, rope_write_kv
 
 LAUNCHERS = {"cublas": cublas.cublas_gemm, "tiled": gemm, "gemv": gemv}

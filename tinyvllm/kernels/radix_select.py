@@ -22,13 +22,12 @@ is used, so that enough loads are in flight to keep memory busy; BLOCK threads p
 import math
 
 import numpy as np
-from numba import config, cuda, float32, float64, uint32, uint64
+from numba import cuda, float32, float64, uint32, uint64
 
-if config.ENABLE_CUDASIM:
-    # The simulator runs a Python thread per CUDA thread; 9-bit digits still leave a short last one.
-    BLOCK, UNROLL, RADIX_BITS = 4, 2, 9
-else:
-    BLOCK, UNROLL, RADIX_BITS = 512, 4, 11
+from tinyvllm.kernels.device.simulator import gpu_or_simulator
+
+# The simulator runs a Python thread per CUDA thread; 9-bit digits still leave a short last one.
+BLOCK, UNROLL, RADIX_BITS = gpu_or_simulator((512, 4, 11), (4, 2, 9))
 RADIX_LEVELS = (32 + RADIX_BITS - 1) // RADIX_BITS
 RADIX_BINS = 1 << RADIX_BITS
 MASS_BITS = 40

@@ -2,8 +2,11 @@
 
 Each function is the plain math of one operator, written for clarity, in whatever float
 dtype it is given: the tests call it in float64 to judge the kernels, and the NumPy
-backend calls it in float32 to run the model. bf16 never appears here; the callers widen
-and narrow (`tinyvllm.kernels.device.bf16`).
+backend calls it in float32 to run the model. The operators never see bf16; the callers
+widen and narrow with `to_bf16` and `from_bf16`, the host twins of the device conversions
+(`tinyvllm.kernels.device.bf16`). `gumbel_noise` is the host twin of the sampler's random
+numbers (`tinyvllm.kernels.device.rng`), so the NumPy backend samples the tokens the GPU
+samples. Nothing here imports Numba: loading weights and the NumPy backend need none.
 
 Shapes follow the kernels: T tokens, Hq query heads, Hkv key/value heads, D head_dim,
 S sequences. The paged KV cache is `[num_blocks, block_size, Hkv, D]` per layer for K and
@@ -12,6 +15,25 @@ row `p % block_size`.
 """
 
 import numpy as np
+
+BF16_EXPONENT_ALL_ONES = 0x7F800000
+BF16_QUIET_NAN_BIT = 0x0040
+
+
+# --8<-- [start:bf16]
+def to_bf16(values: np.ndarray) -> np.ndarray:
+    """Any float array -> uint16 bf16 bits (via float32, rounded to nearest even)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(BF16_EXPONENT_ALL_ONES)
+    nan_bits = ((bits >> 16) | BF16_QUIET_NAN_BIT).astype(np.uint16)
+    return np.where(is_nan, nan_bits, rounded)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bits -> float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+# --8<-- [end:bf16]
 
 
 def embedding(token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -185,3 +207,38 @@ def sampling_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     crossing = min(int(np.searchsorted(np.cumsum(descending), top_p)), weights.size - 1)
     probs = np.where(weights >= descending[crossing], weights, 0.0)
     return probs / probs.sum()
+
+
+LOW32 = np.uint64(0xFFFFFFFF)
+SHIFT_32 = np.uint64(32)
+_SHIFT_15 = np.uint64(15)
+_SHIFT_16 = np.uint64(16)
+_MIX_1 = np.uint64(0x7FEB352D)
+_MIX_2 = np.uint64(0x846CA68B)
+SALTS = (np.uint64(0x9E3779B9), np.uint64(0x85EBCA6B))
+TWO_POW_M32 = np.float32(2.0**-32)
+BELOW_ONE = np.float32(1.0 - 2.0**-24)
+
+
+def mix32(x):
+    """lowbias32 on 32-bit words held in uint64 (the device's `rng._mix32` is this function, jitted)."""
+    x = x ^ (x >> _SHIFT_16)
+    x = (x * _MIX_1) & LOW32
+    x = x ^ (x >> _SHIFT_15)
+    x = (x * _MIX_2) & LOW32
+    return x ^ (x >> _SHIFT_16)
+
+
+def gumbel_noise(seed: int, offset: int, vocab: int) -> np.ndarray:
+    """G_0 .. G_{vocab-1} for (seed, offset), float32: what the device's `rng.gumbel` computes."""
+    words = [np.uint64(int(seed) % 2**64), np.uint64(int(offset) % 2**64)]
+    keys = []
+    for salt in SALTS:
+        state = salt
+        for word in words:
+            state = mix32(state ^ (word & LOW32))
+            state = mix32(state ^ (word >> SHIFT_32))
+        keys.append(state)
+    bits = mix32(mix32(np.arange(vocab, dtype=np.uint64) ^ keys[0]) ^ keys[1])
+    uniform = np.minimum(bits.astype(np.float32) * TWO_POW_M32 + np.float32(0.5) * TWO_POW_M32, BELOW_ONE)
+    return -np.log(-np.log1p(-uniform))

@@ -17,7 +17,6 @@ chunks by 1/rms and the weight and stores them. The block is the smallest power 
 """
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, uint32
@@ -34,19 +33,7 @@ from tinyvllm.kernels.device.vector_io import (
     pack_pair,
     store_words,
 )
-
-
-class RMSNorm(NamedTuple):
-    """The norm in front of a product: the product reads rmsnorm(x) * weight, not x.
-
-    `normed` (x's shape, bf16) is where the normed rows go when the norm runs as its own
-    kernel; a product that applies the norm itself leaves it alone.
-    """
-
-    weight: object
-    eps: float
-    normed: object
-
+from tinyvllm.kernels.operands import RMSNorm
 
 VECTORS_PER_THREAD = 4
 MAX_THREADS = 1024

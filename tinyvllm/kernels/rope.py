@@ -26,15 +26,7 @@ RoPE uses HF's rotate-half layout: each head vector of size D is read as D/2 pla
 position as float32 times the float32 inverse frequency, a float32 product, then cos and
 sin in float32. The rotation itself is done in float32 and rounded to bf16 once.
 
-The inverse frequencies are host work, done once per model: theta^(-2i/D), and for
-Llama 3.x the `rope_scaling` of type "llama3", which leaves high frequencies alone,
-divides low frequencies by `factor`, and blends smoothly between the two bands:
-
-    wavelen = 2 pi / inv_freq
-    wavelen < original / high_freq_factor:   inv_freq
-    wavelen > original / low_freq_factor:    inv_freq / factor
-    otherwise, s = (original / wavelen - low) / (high - low):
-                                             (1 - s) inv_freq / factor + s inv_freq
+The inverse frequencies are host work, done once per model (`tinyvllm.model.rope`).
 
 One block per token. Its threads first fill a shared table of the D/2 cos and sin values
 (one pair each, so no thread computes more than a few), then thread (x, y) takes pairs
@@ -63,38 +55,6 @@ MAX_THREADS = 256
 MAX_HEAD_DIM = 256
 MAX_PAIRS = MAX_HEAD_DIM // 2
 """The shared cos/sin table's size; Llama's heads are 64 or 128."""
-
-
-# --8<-- [start:inv-freq]
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
-    """float32[head_dim // 2] inverse frequencies, computed in float32 steps as transformers does.
-
-    The one step done wider is theta ** exponent: in float64, then rounded, which is what
-    torch's float32 pow aims for (it can differ in the last bit).
-    """
-    if head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"head_dim: must be a positive even number, got {head_dim}")
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
-    powers = (np.float64(np.float32(theta)) ** exponents.astype(np.float64)).astype(np.float32)
-    inv_freq = np.float32(1.0) / powers
-    rope_type = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type != "llama3":
-        raise ValueError(f"rope_scaling: unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    original = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = original / low_freq_factor
-    high_freq_wavelen = original / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return np.where(is_medium, smoothed, scaled).astype(np.float32)
-# --8<-- [end:inv-freq]
 
 
 # --8<-- [start:kernel]
@@ -180,7 +140,8 @@ def check_rope_targets(num_tokens: int, width: int, positions, inv_freq, slot_ma
     check_rows_of_eight("v_cache", v_cache, (num_blocks, block_size, num_kv_heads, head_dim))
     if width != (num_q_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(
-            f"{product}: {width} q|k|v features, expected (Hq + 2 Hkv) * D = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
+            f"{product}: {width} q|k|v features, expected (Hq + 2 Hkv) * D"
+            f" = ({num_q_heads} + 2 * {num_kv_heads}) * {head_dim}"
         )
     check_array("positions", positions, np.int32, (num_tokens,))
     check_array("inv_freq", inv_freq, np.float32, (head_dim // 2,))

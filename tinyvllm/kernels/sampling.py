@@ -31,7 +31,7 @@ the row is cut. The filters do not split: a threshold needs the whole row's hist
 
 One block streaming a row loads ROUND = BLOCK * UNROLL logits at a time (`load_chunk`),
 one round after the other: 63 rounds for V = 128256 on the GPU, ~40 us, most of it waiting
-on memory while the rest of the GPU idles; at batch 1 that is 3.5% of a decode step. So
+on memory while the rest of the GPU idles. So
 the rows that need no filter (greedy or unfiltered, `_whole_row_argmax`) are cut into
 parts of whole rounds, at most MAX_PARTS of them (`split_vocab`; V = 128256 is 63 parts
 of one round) and fewer when the batch is large (MAX_PART_BLOCKS in all), and
@@ -47,7 +47,6 @@ CUDA graph.
 """
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
@@ -55,7 +54,7 @@ from numba import cuda, float32, float64, int32, uint32, uint64
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max
-from tinyvllm.kernels.device.rng import GUMBEL_MAX, SALTS, gumbel, stream_key
+from tinyvllm.kernels.device.rng import GUMBEL_MAX, gumbel, stream_key
 from tinyvllm.kernels.radix_select import (
     BLOCK,
     MAX_VOCAB,
@@ -65,6 +64,7 @@ from tinyvllm.kernels.radix_select import (
     ordered_key,
     radix_select,
 )
+from tinyvllm.kernels.reference import SALTS
 
 ROUND = BLOCK * UNROLL
 """Logits a block loads at once. Parts are whole rounds, so only the row's end needs padding."""
@@ -241,8 +241,7 @@ def sample(
 
     logits float32[S, V]; temperature float32[S] (0 = greedy); top_k int32[S] (-1 = all);
     top_p float32[S] in (0, 1]; seeds uint64[S]; offsets int64[S] (the token's position);
-    out int32[S]. `pack_sampling_params` builds and checks the parameter arrays on the host.
-    part_values float32 and part_indices int32, the workspace: each of shape
+    out int32[S]. part_values float32 and part_indices int32, the workspace: each of shape
     `sample_workspace_shape(R, V)` for any R >= S, contents ignored.
     """
     num_rows, vocab = check_array("logits", logits, np.float32, (None, None))
@@ -271,42 +270,3 @@ def sample(
             logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out
         )
 
-
-def pack_sampling_params(
-    temperature: Sequence[float],
-    top_k: Sequence[int],
-    top_p: Sequence[float],
-    seeds: Sequence[int],
-    offsets: Sequence[int],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Host arrays for `sample`, in its argument order, with every value checked.
-
-    temperature >= 0 (0 = greedy), top_k -1 or >= 1, top_p in (0, 1], seeds in [0, 2**64),
-    offsets in [0, 2**63). Raises ValueError naming the parameter.
-    """
-    columns = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seeds": seeds, "offsets": offsets}
-    lengths = {name: len(values) for name, values in columns.items()}
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"one value per row for every parameter, got lengths {lengths}")
-    temperature = np.asarray(temperature, dtype=np.float64)
-    top_k = np.asarray(top_k, dtype=np.int64)
-    top_p = np.asarray(top_p, dtype=np.float64)
-    seeds = np.asarray([int(seed) for seed in seeds], dtype=object)
-    offsets = np.asarray([int(offset) for offset in offsets], dtype=object)
-    if not np.all(np.isfinite(temperature) & (temperature >= 0)):
-        raise ValueError(f"temperature: must be finite and >= 0, got {temperature}")
-    if not np.all((top_k == -1) | (top_k >= 1)):
-        raise ValueError(f"top_k: must be -1 (all) or >= 1, got {top_k}")
-    if not np.all((top_p > 0) & (top_p <= 1)):
-        raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
-    if not all(0 <= seed < 2**64 for seed in seeds):
-        raise ValueError(f"seeds: must be in [0, 2**64), got {seeds}")
-    if not all(0 <= offset < 2**63 for offset in offsets):
-        raise ValueError(f"offsets: must be in [0, 2**63), got {offsets}")
-    return (
-        temperature.astype(np.float32),
-        np.minimum(top_k, 2**31 - 1).astype(np.int32),
-        top_p.astype(np.float32),
-        seeds.astype(np.uint64),
-        offsets.astype(np.int64),
-    )

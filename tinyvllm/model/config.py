@@ -15,7 +15,7 @@ RoPE settings sit in one of two places: transformers 4.x writes `rope_theta` and
 (`rope_type: "default"` meaning no scaling). Both are read, and `rope_scaling` comes out
 as None or one normalized dict, {"rope_type": "llama3", "factor", "low_freq_factor",
 "high_freq_factor", "original_max_position_embeddings"}, which is what
-`tinyvllm.kernels.rope.rope_inv_freq` takes.
+`tinyvllm.model.rope.rope_inv_freq` takes.
 """
 
 import json

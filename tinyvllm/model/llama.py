@@ -24,39 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.backends.base import Backend, DeviceArray
-from tinyvllm.kernels.activation import interleave_rows
-from tinyvllm.kernels.rmsnorm import RMSNorm
-from tinyvllm.kernels.rope import rope_inv_freq
+from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig
-
-
-@dataclass
-class StepInputs:
-    """One step's device-side metadata (views of the runner's persistent buffers).
-
-    Rows [0, num_decode) of the token arrays are decode tokens, one per sequence, whose
-    sequences are rows [0, num_decode) of `block_tables` and `context_lens`; the prefill
-    sequences follow, with their query rows given by `prefill_cu_seqlens` (relative to the
-    first prefill token). `sample_rows` are the token rows whose logits are needed, and
-    the sampling parameters have one entry per sampled row.
-    """
-
-    token_ids: object
-    token_sources: object
-    positions: object
-    slot_mapping: object
-    block_tables: object
-    context_lens: object
-    prefill_cu_seqlens: object
-    sample_rows: object
-    temperature: object
-    top_k: object
-    top_p: object
-    seeds: object
-    sample_positions: object
-    num_tokens: int
-    num_decode: int
-    num_prefill_seqs: int
+from tinyvllm.model.rope import rope_inv_freq
+from tinyvllm.model.step_fields import StepInputs
 
 
 @dataclass
@@ -166,3 +137,9 @@ class LlamaModel:
         ops.linear(sampled_residual, self.lm_head, logits, RMSNorm(self.norm, eps, sampled_normed))
         return logits
     # --8<-- [end:forward]
+
+
+def interleave_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """[gate row 0, up row 0, gate row 1, ...]: the layout of a layer's gate|up weight, which
+    lets the batch-1 GEMV fuse SwiGLU's activation into its store (`kernels.activation`)."""
+    return np.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])

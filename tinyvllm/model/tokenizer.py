@@ -23,9 +23,9 @@ Decoding joins the tokens' text without transformers' `clean_up_tokenization_spa
 
 import functools
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 import jinja2
 import jinja2.ext

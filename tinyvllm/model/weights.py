@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyvllm.kernels.device.bf16 import to_bf16
+from tinyvllm.kernels.reference import to_bf16
 from tinyvllm.model.config import ModelConfig
 
 SINGLE_FILE = "model.safetensors"

@@ -8,6 +8,7 @@ history, `/exit` (or end of input) leaves.
 import sys
 from typing import TextIO
 
+from tinyvllm.config import EngineConfig
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
@@ -26,9 +27,9 @@ def stream_reply(engine: LLMEngine, messages: list[dict], params: SamplingParams
     return text
 
 
-def run_chat(model: str | None, engine_kwargs: dict, params: SamplingParams, system: str | None = None,
+def run_chat(model: str | None, engine_config: EngineConfig, params: SamplingParams, system: str | None = None,
              stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
-    engine = LLMEngine(model, **engine_kwargs)
+    engine = LLMEngine(model, engine_config=engine_config)
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
     stdout.write("tinyvllm chat: /reset forgets the conversation, /exit leaves\n")

@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tinyvllm.config import EngineConfig
 from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, RequestStream
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.llm_engine import LLMEngine
@@ -253,7 +254,7 @@ async def _engine_closed(request: Request, error: EngineClosedError) -> Response
 
 def run_server(
     model: str | Path | None,
-    engine_kwargs: dict,
+    engine_config: EngineConfig,
     *,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
@@ -264,7 +265,7 @@ def run_server(
     """Load the model, then serve until interrupted. max_tokens_limit defaults to max_model_len."""
     import uvicorn
 
-    engine = LLMEngine(model, **engine_kwargs)
+    engine = LLMEngine(model, engine_config=engine_config)
     config = ServerConfig(
         served_model_name=served_model_name or engine.model_dir.name,
         max_tokens_limit=engine.max_model_len if max_tokens_limit is None else max_tokens_limit,

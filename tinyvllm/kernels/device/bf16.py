@@ -2,7 +2,8 @@
 
 A bf16 number keeps float32's sign bit and 8 exponent bits and the first 7 of its 23
 mantissa bits, so it covers float32's whole range with about 3 significant digits.
-tinyvllm stores every bf16 tensor as `uint16` bits, on the host and on the device.
+tinyvllm stores every bf16 tensor as `uint16` bits, on the host and on the device. These
+are the device conversions; `reference.to_bf16` and `reference.from_bf16` are their host twins.
 
 Widening is exact: shift the 16 bits into the high half of a 32-bit word.
 Narrowing rounds to nearest, ties to even: add 0x7FFF plus the lowest kept bit, then
@@ -15,8 +16,7 @@ the low bits would round to infinity), so it is kept NaN by setting a quiet bit.
 import numpy as np
 from numba import cuda
 
-_EXPONENT_ALL_ONES = 0x7F800000
-_QUIET_NAN_BIT = 0x0040
+from tinyvllm.kernels.reference import BF16_EXPONENT_ALL_ONES, BF16_QUIET_NAN_BIT
 
 
 # --8<-- [start:device]
@@ -30,24 +30,8 @@ def bf16_to_f32(bits):
 def f32_to_bf16(value):
     """float32 -> uint16 bf16 bits, rounded to nearest even."""
     bits = np.float32(value).view(np.uint32)
-    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(_EXPONENT_ALL_ONES):
-        return np.uint16((bits >> np.uint32(16)) | np.uint32(_QUIET_NAN_BIT))
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(BF16_EXPONENT_ALL_ONES):
+        return np.uint16((bits >> np.uint32(16)) | np.uint32(BF16_QUIET_NAN_BIT))
     rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
     return np.uint16(np.uint32(bits + rounding) >> np.uint32(16))
 # --8<-- [end:device]
-
-
-# --8<-- [start:host]
-def to_bf16(values: np.ndarray) -> np.ndarray:
-    """Host: any float array -> uint16 bf16 bits (via float32, rounded to nearest even)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(_EXPONENT_ALL_ONES)
-    nan_bits = ((bits >> 16) | _QUIET_NAN_BIT).astype(np.uint16)
-    return np.where(is_nan, nan_bits, rounded)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    """Host: uint16 bf16 bits -> float32 (exact)."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-# --8<-- [end:host]

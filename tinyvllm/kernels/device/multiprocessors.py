@@ -2,7 +2,9 @@
 
 import functools
 
-from numba import config, cuda
+from numba import cuda
+
+from tinyvllm.kernels.device.simulator import SIMULATOR
 
 H200_SMS = 132
 """The simulator's stand-in for the multiprocessor count it does not report."""
@@ -11,6 +13,6 @@ H200_SMS = 132
 @functools.cache
 def multiprocessor_count() -> int:
     """The current GPU's SM count (the H200's under the simulator, which reports none)."""
-    if config.ENABLE_CUDASIM:
+    if SIMULATOR:
         return H200_SMS
     return cuda.get_current_device().MULTIPROCESSOR_COUNT

@@ -2,7 +2,7 @@
 
 In a CUDA graph, kernel n + 1 normally waits until kernel n has finished and flushed its
 writes before any of its blocks is scheduled: a microsecond or more per kernel boundary
-in which the memory system idles, on each of a decode step's 150 to 280 kernels. On
+in which the memory system idles, on each of a decode step's kernels. On
 sm_90 and later a kernel can be launched with *programmatic stream serialization*: its
 blocks may start as soon as every block of the kernel ahead has called
 `allow_dependent_launch()` (or exited). They do the work that depends on nothing the
@@ -21,9 +21,10 @@ launches made inside it (the runner wraps its graph captures in it).
 import contextlib
 import functools
 
-from numba import config, cuda
+from numba import cuda
 
-SIMULATOR = config.ENABLE_CUDASIM
+from tinyvllm.kernels.device.simulator import SIMULATOR
+
 MIN_COMPUTE_CAPABILITY = (9, 0)
 
 

@@ -5,17 +5,25 @@ values the lowest index (as np.argmax); every thread gets the index.
 On the GPU a warp adds its 32 values with butterfly shuffles (`shfl_xor`), each warp
 leaves its partial in shared memory, and the first warp reduces those. The CUDA
 simulator has no shuffles, so there the same contract is met with a shared-memory tree.
-The choice is made once, at import, from Numba's simulator switch.
+The choice is made once, at import (`simulator.py` lists every such choice).
 
 `scratch` is a shared float32 array with one slot per thread of the block (the GPU path
 uses only the first 32), and `index_scratch` an int32 one; the block size must be a power
 of two no larger than 1024.
+
+Lane groups. Some kernels spread one dot product over a small group of adjacent lanes,
+each holding a slice of D, and add the slices with butterfly shuffles (`lane_group_sum`).
+Under the simulator the same sum goes through shared memory (`group_scratch_shape` gives
+the scratch each world needs), and every thread of the block must make the call the same
+number of times, since that version synchronises the block.
 """
 
 import math
 
 import numpy as np
-from numba import config, cuda, float32
+from numba import cuda, float32
+
+from tinyvllm.kernels.device.simulator import SIMULATOR
 
 WARP = 32
 
@@ -164,7 +172,47 @@ def _tree_block_argmax(value, index, scratch, index_scratch):
     return best
 
 
-if config.ENABLE_CUDASIM:
+if SIMULATOR:
     block_sum, block_max, block_argmax = _tree_block_sum, _tree_block_max, _tree_block_argmax
 else:
     block_sum, block_max, block_argmax = _shuffle_block_sum, _shuffle_block_max, _shuffle_block_argmax
+
+
+LANE_GROUP_WARP = 1 if SIMULATOR else WARP
+"""What a block using `lane_group_sum` is a whole number of: warps on the GPU (a shuffle
+names all 32 lanes), single threads under the simulator's shared-memory sum."""
+
+
+def group_scratch_shape(threads: int, values: int) -> tuple[int, int]:
+    """Shared float32 scratch for `lane_group_sum` of `values` numbers per thread."""
+    return (threads, values) if SIMULATOR else (1, 1)
+
+
+@cuda.jit(device=True, inline=True)
+def _shuffle_group_sum(values, lanes, scratch):
+    offset = lanes // 2
+    while offset > 0:
+        for i in range(values.shape[0]):
+            values[i] += cuda.shfl_xor_sync(0xFFFFFFFF, values[i], offset)
+        offset //= 2
+
+
+@cuda.jit(device=True, inline=True)
+def _shared_group_sum(values, lanes, scratch):
+    if lanes == 1:
+        return
+    tid = cuda.threadIdx.x
+    first = tid - tid % lanes
+    cuda.syncthreads()
+    for i in range(values.shape[0]):
+        scratch[tid, i] = values[i]
+    cuda.syncthreads()
+    for i in range(values.shape[0]):
+        total = float32(0.0)
+        for lane in range(lanes):
+            total += scratch[first + lane, i]
+        values[i] = total
+
+
+lane_group_sum = _shared_group_sum if SIMULATOR else _shuffle_group_sum
+"""values[i] = sum of values[i] over the `lanes` adjacent threads of this thread's group (in place)."""

@@ -18,15 +18,16 @@ multiple of 8 elements long, base address a multiple of 16 bytes).
 
 `load_bf16x8` / `store_bf16x8` add the bf16 <-> float32 conversion into a local
 float32[8] array. The CUDA simulator runs no LLVM, so there the same contract is met with
-eight scalar accesses (and `prefetch_l2` does nothing); the choice is made once, at import,
-as in `reduce.py`.
+eight scalar accesses (and `prefetch_l2` does nothing); the choice is made once, at import
+(`simulator.py` lists every such choice).
 """
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.simulator import SIMULATOR
 
 VECTOR = 8
 ALIGNMENT_BYTES = 16
@@ -121,7 +122,7 @@ def _prefetch_nothing(row, index):
     pass
 
 
-if config.ENABLE_CUDASIM:
+if SIMULATOR:
     load_words, store_words, prefetch_l2 = _load_words_scalar, _store_words_scalar, _prefetch_nothing
 else:
     load_words, store_words, prefetch_l2 = _wide_intrinsics()

@@ -16,27 +16,37 @@ converted once into `config.json`, `generation_config.json`, `tokenizer.json`,
 - Names map `blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight` and so on; no
   `output.weight` means the LM head is the embedding table (tied).
 - The tokenizer is rebuilt from `tokenizer.ggml.*` (see `tinyvllm.model.gguf.tokenizer`).
+- Llama 3.1+/3.2's `rope_freqs.weight` is no weight: it becomes config.json's llama3
+  `rope_scaling` (see `tinyvllm.model.gguf.rope`).
 
-Only the `llama` architecture without RoPE scaling is converted; anything else is refused
-with a `GGUFError` naming the file and what it lacks.
+Only the `llama` architecture is converted. Anything else, and any malformed file (checked by
+`tinyvllm.model.gguf.check` before it is read), is refused with one `GGUFError` naming the file and
+what is wrong. Everything that can fail on the input happens before the first write, and the
+files are written into a scratch directory renamed into place, so a failed conversion leaves
+no partial output.
 """
 
 import json
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
 from tqdm import tqdm
 
-from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.config import ConfigError, ModelConfig
+from tinyvllm.model.gguf.check import open_gguf
 from tinyvllm.model.gguf.format import (
     SUPPORTED_TYPES,
     GGUFError,
+    dequantize,
     dequantize_to_bf16,
     read_metadata,
     require,
 )
+from tinyvllm.model.gguf.rope import ROPE_FREQS, rope_scaling
 from tinyvllm.model.gguf.tokenizer import build_tokenizer, tokenizer_config
 from tinyvllm.model.weights import save_safetensors, weight_shapes
 
@@ -54,6 +64,15 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Counts and sizes: a zero, a negative or a non-integer here means a corrupt file.
+_POSITIVE_INTEGERS = {
+    f"llama.{key}"
+    for key in (
+        "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+        "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "vocab_size",
+    )
+}
+_POSITIVE_NUMBERS = {"llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon", "llama.rope.scaling.factor"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -62,17 +81,22 @@ _GLOBAL_NAMES = {
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
-    """Convert a llama-architecture GGUF into an HF model directory at `out_dir` (created)."""
+    """Convert a llama-architecture GGUF into an HF model directory at `out_dir` (created, or filled if it exists)."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    reader = GGUFReader(gguf_path)
+    reader = open_gguf(gguf_path)
     metadata = read_metadata(reader)
-    tensor_names = {tensor.name: hf_tensor_name(tensor.name, gguf_path) for tensor in reader.tensors}
-    config = llama_config(metadata, tied="output.weight" not in tensor_names, source=gguf_path)
-    _check_tensors(reader, tensor_names, config, gguf_path)
+    _check_tokenizer_metadata(metadata, gguf_path)
+    weights = [tensor for tensor in reader.tensors if tensor.name != ROPE_FREQS]
+    rope_freqs = next((tensor for tensor in reader.tensors if tensor.name == ROPE_FREQS), None)
+    tensor_names = {tensor.name: hf_tensor_name(tensor.name, gguf_path) for tensor in weights}
+    frequency_divisors = None if rope_freqs is None else dequantize(rope_freqs.data, rope_freqs.tensor_type)
+    config = llama_config(metadata, "output.weight" not in tensor_names, gguf_path, frequency_divisors)
+    _check_tensors(weights, tensor_names, config, gguf_path)
     tokenizer = build_tokenizer(metadata, source=gguf_path)
+    tokenizer_settings = tokenizer_config(metadata, config["max_position_embeddings"])
 
     tensors = {}
-    for tensor in tqdm(reader.tensors, desc=f"converting {gguf_path.name}", unit="tensor", disable=not progress):
+    for tensor in tqdm(weights, desc=f"converting {gguf_path.name}", unit="tensor", disable=not progress):
         weight = dequantize_to_bf16(tensor.data, tensor.tensor_type)
         if tensor.name.endswith(".attn_q.weight"):
             weight = undo_rope_permutation(weight, config["num_attention_heads"])
@@ -80,21 +104,34 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
             weight = undo_rope_permutation(weight, config["num_key_value_heads"])
         tensors[tensor_names[tensor.name]] = weight
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", _generation_config(config))
-    _write_json(out_dir / "tokenizer_config.json", tokenizer_config(metadata, config["max_position_embeddings"]))
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    save_safetensors(out_dir / "model.safetensors", tensors)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+    try:
+        _write_json(scratch / "config.json", config)
+        _write_json(scratch / "generation_config.json", _generation_config(config))
+        _write_json(scratch / "tokenizer_config.json", tokenizer_settings)
+        tokenizer.save(str(scratch / "tokenizer.json"))
+        save_safetensors(scratch / "model.safetensors", tensors)
+        _move_into_place(scratch, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
+
+
+def _move_into_place(scratch: Path, out_dir: Path) -> None:
+    """The finished files into `out_dir`: the scratch directory renamed, or its files moved into an existing one."""
+    if not out_dir.exists():
+        scratch.chmod(0o755)  # mkdtemp made it private
+        os.rename(scratch, out_dir)
+        return
+    for path in scratch.iterdir():
+        os.replace(path, out_dir / path.name)
 
 
 def hf_tensor_name(gguf_name: str, source: Path | str = "GGUF") -> str:
     """`blk.3.ffn_up.weight` -> `model.layers.3.mlp.up_proj.weight`."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    if gguf_name == "rope_freqs.weight":
-        raise GGUFError(f"{source}: RoPE frequency factors (rope_freqs, Llama 3.1+ RoPE scaling) are not supported")
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None or match[2] not in _LAYER_NAMES:
         raise GGUFError(f"{source}: tensor {gguf_name!r} has no place in a Llama model")
@@ -110,14 +147,19 @@ def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
 # --8<-- [end:undo-rope-permutation]
 
 
-def llama_config(metadata: dict, tied: bool, source: Path | str = "GGUF") -> dict:
-    """The HF `config.json` of a LlamaForCausalLM described by `llama.*` and `tokenizer.ggml.*` keys."""
+def llama_config(
+    metadata: dict, tied: bool, source: Path | str = "GGUF", rope_freqs: np.ndarray | None = None
+) -> dict:
+    """The HF `config.json` of a LlamaForCausalLM described by `llama.*` and `tokenizer.ggml.*` keys
+    (and the file's `rope_freqs.weight` values, when it has them)."""
     architecture = require(metadata, "general.architecture", source)
     if architecture != ARCHITECTURE:
         raise GGUFError(f"{source}: architecture {architecture!r} is not supported (only {ARCHITECTURE!r})")
-    scaling = metadata.get("llama.rope.scaling.type", "none")
-    if scaling != "none":
-        raise GGUFError(f"{source}: RoPE scaling {scaling!r} (llama.rope.scaling.type) is not supported")
+    for key, value in metadata.items():
+        if key in _POSITIVE_INTEGERS and (type(value) is not int or value <= 0):
+            raise GGUFError(f"{source}: {key} is {value!r}, which cannot be true (a positive integer)")
+        if key in _POSITIVE_NUMBERS and not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+            raise GGUFError(f"{source}: {key} is {value!r}, which cannot be true (a positive number)")
 
     def llama(key):
         return require(metadata, f"llama.{key}", source)
@@ -130,6 +172,9 @@ def llama_config(metadata: dict, tied: bool, source: Path | str = "GGUF") -> dic
         raise GGUFError(
             f"{source}: partial RoPE (llama.rope.dimension_count {rotary_dim}, head_dim {head_dim}) is not supported"
         )
+    if hidden_size % num_heads:
+        raise GGUFError(f"{source}: llama.embedding_length {hidden_size} is not a multiple of {num_heads} heads")
+    theta = _shortest(metadata.get("llama.rope.freq_base", DEFAULT_ROPE_THETA))
     tokens = require(metadata, "tokenizer.ggml.tokens", source)
     eos_ids = _stop_token_ids(metadata, source)
     return {
@@ -144,8 +189,8 @@ def llama_config(metadata: dict, tied: bool, source: Path | str = "GGUF") -> dic
         "vocab_size": metadata.get("llama.vocab_size", len(tokens)),
         "max_position_embeddings": llama("context_length"),
         "rms_norm_eps": _shortest(llama("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _shortest(metadata.get("llama.rope.freq_base", DEFAULT_ROPE_THETA)),
-        "rope_scaling": None,
+        "rope_theta": theta,
+        "rope_scaling": rope_scaling(metadata, rope_freqs, head_dim, theta, source),
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
         "attention_bias": False,
@@ -172,13 +217,27 @@ def _generation_config(config: dict) -> dict:
     return {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
 
 
-def _check_tensors(reader: GGUFReader, tensor_names: dict[str, str], config: dict, source: Path) -> None:
+def _check_tokenizer_metadata(metadata: dict, source: Path) -> None:
+    """The vocabulary is a list of strings and every special token id names one of them."""
+    tokens = require(metadata, "tokenizer.ggml.tokens", source)
+    if not isinstance(tokens, list) or not all(isinstance(token, str) for token in tokens):
+        raise GGUFError(f"{source}: tokenizer.ggml.tokens is not a list of strings")
+    for key, value in metadata.items():
+        is_token_id = key.startswith("tokenizer.ggml.") and key.endswith("_token_id")
+        if is_token_id and (type(value) is not int or not 0 <= value < len(tokens)):
+            raise GGUFError(f"{source}: {key} is {value!r}, not a token id (the vocabulary has {len(tokens)})")
+
+
+def _check_tensors(tensors: list, tensor_names: dict[str, str], config: dict, source: Path) -> None:
     """Fail before any dequantizing: every tensor present, of the right shape and a supported type."""
-    expected = weight_shapes(ModelConfig.from_dict(config, source=f"{source} (its config)"))
+    try:
+        expected = weight_shapes(ModelConfig.from_dict(config, source=f"{source} (its config)"))
+    except ConfigError as error:
+        raise GGUFError(str(error)) from None
     missing = sorted(set(expected) - set(tensor_names.values()))
     if missing:
         raise GGUFError(f"{source}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    for tensor in reader.tensors:
+    for tensor in tensors:
         name = tensor_names[tensor.name]
         shape = tuple(int(n) for n in reversed(tensor.shape))
         if name not in expected:

@@ -4,16 +4,10 @@ A GGUF file is a header of typed key/value pairs (`general.architecture`, `llama
 `tokenizer.ggml.tokens`, ...) followed by tensors. `gguf.GGUFReader` memory-maps it; this
 module turns the pairs into Python values and the tensors into float32 or BF16 arrays.
 
-Quantized GGML tensors are rows of fixed-size blocks; each block holds 32 consecutive
-elements of a row and the scale(s) to rebuild them (little-endian, f16 scales):
-
-    Q8_0  34 bytes: d, then 32 int8 q                    x = d * q
-    Q4_0  18 bytes: d, then 16 bytes of 4-bit q          x = d * (q - 8)
-    Q4_1  20 bytes: d, m, then 16 bytes of 4-bit q       x = d * q + m
-
-In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high
-nibble. F32, F16 and BF16 are plain arrays. GGUFReader hands a quantized tensor over as
-uint8 rows of whole blocks, [..., row_bytes]; the decoders work on all blocks at once.
+Quantized GGML tensors are rows of fixed-size blocks, decoded by `tinyvllm.model.gguf.quants`
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K to Q6_K). F32, F16 and BF16 are plain
+arrays. GGUFReader hands a quantized tensor over as uint8 rows of whole blocks,
+[..., row_bytes]; the decoders work on all blocks at once.
 """
 
 from pathlib import Path
@@ -22,9 +16,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 from gguf import GGUFReader
 
-from tinyvllm.kernels.device.bf16 import from_bf16, to_bf16
+from tinyvllm.kernels.reference import from_bf16, to_bf16
+from tinyvllm.model.gguf.quants import BLOCK_FORMATS
 
-BLOCK_SIZE = 32
 # Rows decoded per step in dequantize_to_bf16: bounds the float32 scratch to ~64 MB per step.
 _CHUNK_ELEMENTS = 1 << 24
 
@@ -45,34 +39,7 @@ def require(metadata: dict, key: str, source: Path | str):
     return metadata[key]
 
 
-def _f16(columns: np.ndarray) -> np.ndarray:
-    """Two uint8 columns per block -> that f16 scale as float32, [blocks, 1]."""
-    return columns.view(np.float16).astype(np.float32)
-
-
-def _nibbles(packed: np.ndarray) -> np.ndarray:
-    """[blocks, 16] packed bytes -> [blocks, 32] values 0..15: low nibbles first, then high."""
-    return np.concatenate([packed & np.uint8(0x0F), packed >> np.uint8(4)], axis=1)
-
-
-def _q8_0(blocks: np.ndarray) -> np.ndarray:
-    return blocks[:, 2:].view(np.int8).astype(np.float32) * _f16(blocks[:, :2])
-
-
-def _q4_0(blocks: np.ndarray) -> np.ndarray:
-    return (_nibbles(blocks[:, 2:]).astype(np.float32) - np.float32(8)) * _f16(blocks[:, :2])
-
-
-def _q4_1(blocks: np.ndarray) -> np.ndarray:
-    return _f16(blocks[:, :2]) * _nibbles(blocks[:, 4:]).astype(np.float32) + _f16(blocks[:, 2:4])
-
-
-_BLOCK_DECODERS = {
-    GGMLType.Q8_0: (34, _q8_0),
-    GGMLType.Q4_0: (18, _q4_0),
-    GGMLType.Q4_1: (20, _q4_1),
-}
-SUPPORTED_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *_BLOCK_DECODERS)
+SUPPORTED_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *BLOCK_FORMATS)
 
 
 def dequantize(data: np.ndarray, tensor_type: GGMLType) -> np.ndarray:
@@ -84,19 +51,20 @@ def dequantize(data: np.ndarray, tensor_type: GGMLType) -> np.ndarray:
     if tensor_type == GGMLType.BF16:
         return from_bf16(data.view(np.uint16))
     name = GGMLType(tensor_type).name
-    if tensor_type not in _BLOCK_DECODERS:
+    if tensor_type not in BLOCK_FORMATS:
         raise GGUFError(f"GGML type {name} is not supported (supported: {', '.join(t.name for t in SUPPORTED_TYPES)})")
-    block_bytes, decode = _BLOCK_DECODERS[tensor_type]
-    if data.shape[-1] % block_bytes:
-        raise GGUFError(f"{name} rows of {data.shape[-1]} bytes are not whole {block_bytes}-byte blocks")
-    values = decode(np.ascontiguousarray(data).reshape(-1, block_bytes))
+    block = BLOCK_FORMATS[tensor_type]
+    if data.shape[-1] % block.block_bytes:
+        raise GGUFError(f"{name} rows of {data.shape[-1]} bytes are not whole {block.block_bytes}-byte blocks")
+    values = block.decode(np.ascontiguousarray(data).reshape(-1, block.block_bytes))
     return values.reshape(*data.shape[:-1], _elements_per_row(data.shape[-1], tensor_type))
 
 
 def _elements_per_row(row_width: int, tensor_type: GGMLType) -> int:
     """GGUFReader gives F32/F16 rows in elements, BF16 and block formats in bytes."""
-    if tensor_type in _BLOCK_DECODERS:
-        return row_width // _BLOCK_DECODERS[tensor_type][0] * BLOCK_SIZE
+    if tensor_type in BLOCK_FORMATS:
+        block = BLOCK_FORMATS[tensor_type]
+        return row_width // block.block_bytes * block.elements
     return row_width // 2 if tensor_type == GGMLType.BF16 else row_width
 
 

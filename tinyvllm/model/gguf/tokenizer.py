@@ -13,8 +13,8 @@ GPT-2-style byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`):
 
 Other pre-tokenizers are refused rather than guessed: a wrong split gives plausible but
 different token ids. SentencePiece vocabularies (`"llama"`: Llama 2, Mistral, TinyLlama) are
-refused too. Control tokens become special added tokens (matched whole, skipped when
-decoding with skip_special_tokens); user-defined ones plain added tokens.
+rebuilt by `tinyvllm.model.gguf.sentencepiece`. Control tokens become special added tokens (matched
+whole, skipped when decoding with skip_special_tokens); user-defined ones plain added tokens.
 """
 
 from pathlib import Path
@@ -30,6 +30,7 @@ from tokenizers import (
 )
 
 from tinyvllm.model.gguf.format import GGUFError, require
+from tinyvllm.model.gguf.sentencepiece import build_sentencepiece_tokenizer
 
 CONTROL = 3
 USER_DEFINED = 4
@@ -69,12 +70,14 @@ def build_tokenizer(metadata: dict, source: Path | str = "GGUF") -> Tokenizer:
     """The HF fast tokenizer a GGUF's `tokenizer.ggml.*` metadata describes."""
     model = require(metadata, "tokenizer.ggml.model", source)
     if model == "llama":
-        raise GGUFError(
-            f"{source}: the vocabulary is SentencePiece (tokenizer.ggml.model 'llama', as in Llama 2, "
-            "Mistral or TinyLlama); tinyvllm converts only GPT-2-style byte-level BPE vocabularies ('gpt2')"
-        )
+        tokenizer = build_sentencepiece_tokenizer(metadata, source)
+        tokenizer.post_processor = _post_processor(metadata, metadata["tokenizer.ggml.tokens"])
+        return tokenizer
     if model != "gpt2":
-        raise GGUFError(f"{source}: tokenizer.ggml.model {model!r} is not supported (only 'gpt2', byte-level BPE)")
+        raise GGUFError(
+            f"{source}: tokenizer.ggml.model {model!r} is not supported "
+            "(only 'gpt2', byte-level BPE, and 'llama', SentencePiece)"
+        )
     pre = require(metadata, "tokenizer.ggml.pre", source)
     if pre not in PRE_TOKENIZERS:
         supported = ", ".join(PRE_TOKENIZERS)
@@ -88,6 +91,10 @@ def build_tokenizer(metadata: dict, source: Path | str = "GGUF") -> Tokenizer:
     vocab = {token: index for index, token in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise GGUFError(f"{source}: tokenizer.ggml.tokens holds duplicates")
+    # Checked here: tokenizers reports a merge of unknown tokens only as a bare Exception.
+    unknown = next((merge for merge in merges if any(part not in vocab for part in (*merge, "".join(merge)))), None)
+    if unknown is not None:
+        raise GGUFError(f"{source}: tokenizer.ggml.merges holds {' '.join(unknown)!r}, which the vocabulary lacks")
     tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
     tokenizer.pre_tokenizer = make_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
@@ -99,12 +106,19 @@ def build_tokenizer(metadata: dict, source: Path | str = "GGUF") -> Tokenizer:
     return tokenizer
 
 
+def adds_token(metadata: dict, key: str) -> bool:
+    """Whether encoding adds BOS (key "bos") or EOS ("eos"): the file's flag, else llama.cpp's default,
+    which adds BOS to a SentencePiece vocabulary and nothing else."""
+    default = key == "bos" and metadata.get("tokenizer.ggml.model") == "llama"
+    return bool(metadata.get(f"tokenizer.ggml.add_{key}_token", default))
+
+
 def _post_processor(metadata: dict, tokens: list[str]) -> processors.TemplateProcessing | None:
     """BOS/EOS added around encoded text when the file says so (Llama 3: BOS; SmolLM2: neither)."""
     added = {}
     for key in ("bos", "eos"):
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
-        if metadata.get(f"tokenizer.ggml.add_{key}_token", False) and token_id is not None:
+        if adds_token(metadata, key) and token_id is not None:
             added[key] = tokens[token_id], token_id
     if not added:
         return None
@@ -131,8 +145,8 @@ def tokenizer_config(metadata: dict, model_max_length: int) -> dict:
         token_id = metadata.get(f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:
             config[name] = tokens[token_id]
-    config["add_bos_token"] = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
-    config["add_eos_token"] = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+    config["add_bos_token"] = adds_token(metadata, "bos")
+    config["add_eos_token"] = adds_token(metadata, "eos")
     if "tokenizer.chat_template" in metadata:
         config["chat_template"] = metadata["tokenizer.chat_template"]
     return config

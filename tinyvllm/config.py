@@ -1,0 +1,123 @@
+"""EngineConfig: every engine option, its default, its check and its command-line help, once.
+
+`LLM(model, **kwargs)`, `LLMEngine(model, **kwargs)` and the `tinyvllm` command's engine
+flags are all this dataclass: each field's metadata carries the flag's help text (and its
+choices), so a new option is one field. Every value is checked when the config is built,
+and a bad one raises a ValueError that names it, before any weight is loaded.
+
+Two defaults depend on the model: `max_model_len` (the model's max_position_embeddings,
+at most DEFAULT_MAX_MODEL_LEN) and `max_num_batched_tokens` (max_model_len, at least
+MIN_BATCHED_TOKENS). `resolve` fills them in against the ModelConfig once; the scheduler and the model
+runner read the `ResolvedEngineConfig` it returns.
+
+This module imports neither Numba nor the engine, so the command line can build its
+parser from it without paying for them.
+"""
+
+import types
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, get_args
+
+from tinyvllm.model.config import ModelConfig
+
+MODES = ("continuous", "static")
+BACKENDS = ("auto", "cuda", "numpy")
+LINEAR_BACKENDS = ("auto", "numba", "cublas", "tiled", "gemv")
+"""The matrix-product kernels `tinyvllm.kernels.linear` dispatches to (its BACKENDS)."""
+ACTIVATION_DTYPES = ("bf16", "float32")
+DEFAULT_MAX_MODEL_LEN = 8192
+MIN_BATCHED_TOKENS = 2048
+"""The default token budget of a step is never below this (vLLM's default budget)."""
+
+
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field whose metadata is its command-line help (and its flag's choices)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+# --8<-- [start:engine-args]
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """The engine's options, by the names `LLM(model, **kwargs)` takes (vLLM's where it has one)."""
+
+    mode: str = option("continuous", "batching policy", choices=MODES)
+    backend: str = option("auto", "cuda, numpy, or auto (cuda if a GPU is present)", choices=BACKENDS)
+    block_size: int = option(16, "tokens per KV-cache block, a power of two")
+    gpu_memory_utilization: float = option(0.9, "fraction of the GPU's memory the engine may hold")
+    num_blocks: int | None = option(None, "KV-cache blocks (default: sized from free memory)")
+    max_num_seqs: int = option(256, "most sequences in one batch")
+    max_num_batched_tokens: int | None = option(
+        None, f"most tokens in one step (default: max_model_len, at least {MIN_BATCHED_TOKENS})"
+    )
+    max_model_len: int | None = option(
+        None, f"longest prompt + output, in tokens (default: the model's, at most {DEFAULT_MAX_MODEL_LEN})"
+    )
+    linear_backend: str = option("auto", "cuda: the matrix-product kernels", choices=LINEAR_BACKENDS)
+    enforce_eager: bool = option(False, "no CUDA graphs")
+    activation_dtype: str = option("float32", "numpy: how activations are stored", choices=ACTIVATION_DTYPES)
+    cpu_kv_cache_gib: float = option(1.0, "numpy: KV-cache size in GiB of host memory")
+# --8<-- [end:engine-args]
+
+    def __post_init__(self) -> None:
+        for spec in fields(EngineConfig):
+            value = getattr(self, spec.name)
+            if value is None and spec.default is None:
+                continue
+            choices = spec.metadata["choices"]
+            if choices is not None and value not in choices:
+                raise ValueError(f"{spec.name}: expected one of {choices}, got {value!r}")
+            if choices is None:
+                _check_value(spec, value)
+        if self.block_size & (self.block_size - 1):
+            # The attention kernels split a position into block and row with a shift and a mask.
+            raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
+        if self.gpu_memory_utilization > 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def resolve(self, model: ModelConfig) -> "ResolvedEngineConfig":
+        """This config with the model-dependent defaults filled in and checked against `model`."""
+        limit = model.max_position_embeddings
+        max_model_len = self.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if max_model_len > limit:
+            raise ValueError(f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {limit}")
+        max_num_batched_tokens = self.max_num_batched_tokens or max(max_model_len, MIN_BATCHED_TOKENS)
+        options = {spec.name: getattr(self, spec.name) for spec in fields(EngineConfig)}
+        options.update(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
+        return ResolvedEngineConfig(**options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedEngineConfig(EngineConfig):
+    """An EngineConfig whose model-dependent options are set: what the scheduler and runner read."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("max_model_len", "max_num_batched_tokens"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name}: a resolved config needs a value (EngineConfig.resolve gives one)")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """The width of a block table: blocks for max_model_len tokens."""
+        return -(-self.max_model_len // self.block_size)
+
+
+def option_type(spec: Field) -> type:
+    """The type an option's value has when it is given: `int` for `int | None`."""
+    if isinstance(spec.type, types.UnionType):
+        (kind,) = (arg for arg in get_args(spec.type) if arg is not type(None))
+        return kind
+    return spec.type
+
+
+def _check_value(spec: Field, value: Any) -> None:
+    """The value is of the option's type (an int where an int is due, never a bool) and positive."""
+    kind = option_type(spec)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{spec.name}: expected True or False, got {value!r}")
+        return
+    allowed = (int, float) if kind is float else (int,)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not value > 0:
+        noun = "number" if kind is float else "integer"
+        raise ValueError(f"{spec.name}: must be a positive {noun}, got {value!r}")
