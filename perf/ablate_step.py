@@ -32,8 +32,7 @@ from tinyvllm.kernels import attention_split
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ablate_step.json"
-OPERATORS = ("decode_attention", "linear", "linear_silu_mul", "linear_rope_write_kv", "sample",
-             "gather_rows")
+OPERATORS = ("decode_attention", "linear", "linear_silu_mul", "linear_rope_write_kv", "sample", "gather_rows")
 CAPTURES = 3
 
 

@@ -94,6 +94,8 @@ def _softmax_kernel(cu_seqlens, scores):
     total = block_sum(total, scratch)
     for j in range(cuda.threadIdx.x, keys, THREADS):
         row[j] /= total
+
+
 # --8<-- [end:softmax]
 
 

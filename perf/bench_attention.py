@@ -155,7 +155,9 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
     if with_naive:
         scores = cuda.device_array(naive_scratch_shape(tokens, Q_HEADS, new), np.float32)
         naive_out = random_bf16(tokens, Q_HEADS, HEAD_DIM)
-        naive = median_ms(lambda: naive_attention(q, k, v, cu_seqlens, scores, naive_out), repeats=max(3, repeats // 10))
+        naive = median_ms(
+            lambda: naive_attention(q, k, v, cu_seqlens, scores, naive_out), repeats=max(3, repeats // 10)
+        )
         del scores
         row.update(
             naive_ms=naive,
@@ -173,8 +175,12 @@ def sweep(cache: Cache, repeats: int) -> list[dict]:
         attention_prefill.DIMS_PER_THREAD = dims_per_thread
         attention_prefill.PREFILL_THREADS = threads
         row = prefill_case(cache, 1, 4096, 0, repeats, with_naive=False)
-        rows.append({"kernel": "prefill", "variant": f"rows {rows_per_thread} dims {dims_per_thread} threads {threads}"} | row)
-    attention_prefill.ROWS_PER_THREAD, attention_prefill.DIMS_PER_THREAD, attention_prefill.PREFILL_THREADS = PREFILL_SWEEP[0]
+        rows.append(
+            {"kernel": "prefill", "variant": f"rows {rows_per_thread} dims {dims_per_thread} threads {threads}"} | row
+        )
+    attention_prefill.ROWS_PER_THREAD, attention_prefill.DIMS_PER_THREAD, attention_prefill.PREFILL_THREADS = (
+        PREFILL_SWEEP[0]
+    )
     for threads, tokens_per_step in DECODE_SWEEP:
         attention_decode.DECODE_THREADS = threads
         attention_decode.TOKENS_PER_STEP = tokens_per_step
@@ -200,35 +206,50 @@ def main() -> None:
     variants = sweep(cache, args.repeats) if args.sweep else []
 
     print(f"device copy (read+write): {copy:.2f} TB/s")
-    print(f"\n{'decode':>12} {'paged ms':>9} {'TB/s':>6} {'TFLOP/s':>8} {'P':>3} {'split ms':>9} {'TB/s':>6} "
-          f"{'auto ms':>8} {'TB/s':>6} {'err paged':>9} {'err split':>9}")
+    print(
+        f"\n{'decode':>12} {'paged ms':>9} {'TB/s':>6} {'TFLOP/s':>8} {'P':>3} {'split ms':>9} {'TB/s':>6} "
+        f"{'auto ms':>8} {'TB/s':>6} {'err paged':>9} {'err split':>9}"
+    )
     for r in decode:
-        print(f"{r['batch']:>5} x {r['context']:>4} {r['paged_ms']:9.4f} {r['paged_tbps']:6.2f} {r['paged_tflops']:8.2f} "
-              f"{r['split_partitions']:>3} {r['split_ms']:9.4f} {r['split_tbps']:6.2f} {r['auto_ms']:8.4f} "
-              f"{r['auto_tbps']:6.2f} {r['paged_vs_reference_error']:9.1e} {r['split_vs_reference_error']:9.1e}")
+        print(
+            f"{r['batch']:>5} x {r['context']:>4} {r['paged_ms']:9.4f} {r['paged_tbps']:6.2f} {r['paged_tflops']:8.2f} "
+            f"{r['split_partitions']:>3} {r['split_ms']:9.4f} {r['split_tbps']:6.2f} {r['auto_ms']:8.4f} "
+            f"{r['auto_tbps']:6.2f} {r['paged_vs_reference_error']:9.1e} {r['split_vs_reference_error']:9.1e}"
+        )
     print(f"\n{'prefill':>14} {'flash ms':>9} {'TFLOP/s':>8} {'naive ms':>9} {'TFLOP/s':>8} {'speedup':>8} {'err':>8}")
     for r in prefill:
-        naive = (f"{r['naive_ms']:9.3f} {r['naive_tflops']:8.2f} {r['speedup']:7.1f}x {r['flash_vs_naive_error']:8.1e}"
-                 if "naive_ms" in r else f"{'-':>9} {'-':>8} {'-':>8} {'-':>8}")
+        naive = (
+            f"{r['naive_ms']:9.3f} {r['naive_tflops']:8.2f} {r['speedup']:7.1f}x {r['flash_vs_naive_error']:8.1e}"
+            if "naive_ms" in r
+            else f"{'-':>9} {'-':>8} {'-':>8} {'-':>8}"
+        )
         print(f"{r['shape']:>14} {r['flash_ms']:9.3f} {r['flash_tflops']:8.2f} {naive}")
     for r in variants:
         if r["kernel"] == "prefill":
             print(f"sweep prefill 1x4096 {r['variant']:>32}: {r['flash_ms']:.3f} ms {r['flash_tflops']:.2f} TFLOP/s")
         else:
-            print(f"sweep decode {r['batch']}x{r['context']} {r['variant']:>28}: paged {r['paged_tbps']:.2f} TB/s, "
-                  f"split {r['split_ms']:.4f} ms (P {r['split_partitions']})")
+            print(
+                f"sweep decode {r['batch']}x{r['context']} {r['variant']:>28}: paged {r['paged_tbps']:.2f} TB/s, "
+                f"split {r['split_ms']:.4f} ms (P {r['split_partitions']})"
+            )
 
     bars = {
         "flash_vs_naive_1x4096": prefill[0]["speedup"],
         "paged_decode_tbps_64x2048": next(r["paged_tbps"] for r in decode if (r["batch"], r["context"]) == (64, 2048)),
-        "split_vs_paged_1x8192": next(r["paged_ms"] / r["split_ms"] for r in decode if (r["batch"], r["context"]) == (1, 8192)),
+        "split_vs_paged_1x8192": next(
+            r["paged_ms"] / r["split_ms"] for r in decode if (r["batch"], r["context"]) == (1, 8192)
+        ),
     }
     print("\nbars (need >= 10, >= 3.0, >= 3):", {k: round(v, 2) for k, v in bars.items()})
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(
-        result_header() | {"copy_tbps": copy, "bars": bars, "decode": decode, "prefill": prefill, "sweep": variants},
-        indent=2,
-    ) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            result_header()
+            | {"copy_tbps": copy, "bars": bars, "decode": decode, "prefill": prefill, "sweep": variants},
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

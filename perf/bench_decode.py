@@ -32,8 +32,9 @@ def hf_decode_tok_per_s(directory: Path, prompt: list[int], new_tokens: int) -> 
     def run(model, n: int) -> float:
         torch.cuda.synchronize()
         start = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       cache_implementation="static", pad_token_id=0)
+        model.generate(
+            ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static", pad_token_id=0
+        )
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -63,8 +64,9 @@ def main() -> None:
         result = decode_latency(llm, args.prompt_len, args.new_tokens)
         del llm
         roofline = roofline_tok_per_s(config.num_parameters)
-        result.update(model=name, roofline_tok_per_s=roofline,
-                      percent_of_roofline=100 * result["decode_tok_per_s"] / roofline)
+        result.update(
+            model=name, roofline_tok_per_s=roofline, percent_of_roofline=100 * result["decode_tok_per_s"] / roofline
+        )
         if not args.no_peer and (args.peer_models is None or name in args.peer_models):
             prompt = random_workload(1, (args.prompt_len, args.prompt_len), (1, 1), config.vocab_size).prompts[0]
             result["hf_static_tok_per_s"] = hf_decode_tok_per_s(directory, prompt, args.new_tokens)
@@ -77,9 +79,11 @@ def main() -> None:
 
     print(f"{'model':<10} {'tok/s':>8} {'ms/tok':>7} {'roofline':>9} {'%roof':>6} {'HF tok/s':>9} {'x HF':>6}")
     for r in rows:
-        print(f"{r['model']:<10} {r['decode_tok_per_s']:8.1f} {r['decode_ms_per_token']:7.3f} "
-              f"{r['roofline_tok_per_s']:9.1f} {r['percent_of_roofline']:6.1f} "
-              f"{r.get('hf_static_tok_per_s', float('nan')):9.1f} {r.get('speedup_vs_hf', float('nan')):6.2f}")
+        print(
+            f"{r['model']:<10} {r['decode_tok_per_s']:8.1f} {r['decode_ms_per_token']:7.3f} "
+            f"{r['roofline_tok_per_s']:9.1f} {r['percent_of_roofline']:6.1f} "
+            f"{r.get('hf_static_tok_per_s', float('nan')):9.1f} {r.get('speedup_vs_hf', float('nan')):6.2f}"
+        )
 
 
 if __name__ == "__main__":

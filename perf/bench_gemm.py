@@ -72,6 +72,7 @@ per row group) shapes of the M = 1 GEMV that `--sweep` streams."""
 SWEEP_LAYERS = ("qkv_proj", "o_proj", *GEMV_BAR_LAYERS)
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_gemm.json"
 
+
 def problems():
     """(layer, x, weight, out dtype) for every layer and row count, then the square product."""
     for layer, (k, n) in LAYERS.items():
@@ -129,10 +130,16 @@ def sweep(repeats: int) -> list[dict]:
         weights = streamed_weights(k, n)
         for threads, rows_per_block, depth, blocks_per_sm in GEMV_SWEEP:
             tbps = streamed_tbps(gemv_shaped(threads, rows_per_block, depth, blocks_per_sm), weights, repeats)
-            rows.append({
-                "layer": layer, "threads": threads, "rows_per_block": rows_per_block, "depth": depth,
-                "blocks_per_sm": blocks_per_sm, "gemv_tbps": tbps,
-            })
+            rows.append(
+                {
+                    "layer": layer,
+                    "threads": threads,
+                    "rows_per_block": rows_per_block,
+                    "depth": depth,
+                    "blocks_per_sm": blocks_per_sm,
+                    "gemv_tbps": tbps,
+                }
+            )
             print(
                 f"sweep gemv {layer:<13} threads {threads:>3} rows/block {rows_per_block} depth {depth} "
                 f"blocks/SM {blocks_per_sm}: {tbps:.2f} TB/s"
@@ -199,9 +206,13 @@ def main() -> None:
         if layer == "lm_head":
             continue
         weights = streamed_weights(k, n)
-        row = {"layer": layer, "n": n, "k": k,
-               "gemv_tbps": streamed_tbps(gemv, weights, args.repeats),
-               "cublas_tbps": streamed_tbps(cublas_gemm, weights, args.repeats)}
+        row = {
+            "layer": layer,
+            "n": n,
+            "k": k,
+            "gemv_tbps": streamed_tbps(gemv, weights, args.repeats),
+            "cublas_tbps": streamed_tbps(cublas_gemm, weights, args.repeats),
+        }
         del weights
         streamed.append(row)
         print(f"{layer:<13} {n:>6} {k:>5} {row['gemv_tbps']:>10.2f} {row['cublas_tbps']:>12.2f}")

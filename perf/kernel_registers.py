@@ -22,9 +22,9 @@ its blocks an SM holds at once, by registers, warps and shared memory.
 
 Matrix products run on the Numba kernels (`linear_backend="numba"`): the GEMV up to 8
 rows of x, which the engine uses on the GPU at batch 1, then the tiled GEMM (past one
-row the engine's GPU default is cuBLAS, whose kernels ptxas never sees). Needs NVVM, NVRTC and ptxas from a CUDA toolkit (the GPU machine has
-them; elsewhere the nvidia-cuda-nvcc and nvidia-cuda-nvrtc wheels, with their lib
-folders on LD_LIBRARY_PATH and ptxas on PATH). Results go to
+row the engine's GPU default is cuBLAS, whose kernels ptxas never sees). Needs NVVM, NVRTC
+and ptxas from a CUDA toolkit (the GPU machine has them; elsewhere the nvidia-cuda-nvcc and
+nvidia-cuda-nvrtc wheels, with their lib folders on LD_LIBRARY_PATH and ptxas on PATH). Results go to
 perf/results/kernel_registers.json. `tests/test_kernel_registers.py` asserts through
 `compile_step` that no decode-step kernel keeps anything in local memory at batch 1 to 8.
 """
@@ -56,8 +56,11 @@ from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mu
 from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig, load_config
 
-H200 = pytypes.SimpleNamespace(name="NVIDIA H200 (stand-in: sm_90 compiled offline)", compute_capability=(9, 0),
-                               MULTIPROCESSOR_COUNT=multiprocessors.H200_SMS)
+H200 = pytypes.SimpleNamespace(
+    name="NVIDIA H200 (stand-in: sm_90 compiled offline)",
+    compute_capability=(9, 0),
+    MULTIPROCESSOR_COUNT=multiprocessors.H200_SMS,
+)
 REGISTER_UNIT = 256
 """Registers are handed to a warp in units of 256 (8 a thread)."""
 WARPS_PER_SM, BLOCKS_PER_SM = 64, 32
@@ -126,34 +129,61 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     tables = np.arange(batch * blocks_per_seq, dtype=np.int32).reshape(batch, blocks_per_seq)
     lens = np.full(batch, context, np.int32)
     inv_freq = rope.rope_inv_freq(head_dim, config.rope_theta, config.rope_scaling)
-    workspace = np.empty(attention_split.decode_workspace_shape(heads, kv_heads, head_dim, H200.MULTIPROCESSOR_COUNT),
-                         np.float32)
+    workspace = np.empty(
+        attention_split.decode_workspace_shape(heads, kv_heads, head_dim, H200.MULTIPROCESSOR_COUNT), np.float32
+    )
     logits = np.empty((batch, vocab), np.float32)
     parts = sampling.sample_workspace_shape(batch, vocab)
     norm = RMSNorm(bf16(hidden), config.rms_norm_eps, normed)
     variants = VariantTable("numba", H200.MULTIPROCESSOR_COUNT, cublas_available=False)
     kernel = variants.product(batch)
     partitions = variants.decode_partitions(*decode_shape(q, k_cache, tables))
-    params = (np.ones(batch, np.float32), np.full(batch, -1, np.int32), np.ones(batch, np.float32),
-              np.zeros(batch, np.uint64), np.zeros(batch, np.int64))
+    params = (
+        np.ones(batch, np.float32),
+        np.full(batch, -1, np.int32),
+        np.ones(batch, np.float32),
+        np.zeros(batch, np.uint64),
+        np.zeros(batch, np.int64),
+    )
     yield "embedding", lambda: embedding.embedding(int32(batch), bf16(vocab, hidden), residual)
-    yield "linear_rope_write_kv", lambda: linear_rope_write_kv(
-        residual, bf16(qkv.shape[1], hidden), qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache,
-        norm=norm, kernel=kernel,
+    yield (
+        "linear_rope_write_kv",
+        lambda: linear_rope_write_kv(
+            residual,
+            bf16(qkv.shape[1], hidden),
+            qkv,
+            int32(batch),
+            inv_freq,
+            int32(batch),
+            q,
+            k_cache,
+            v_cache,
+            norm=norm,
+            kernel=kernel,
+        ),
     )
     yield "rope_write_kv", lambda: rope.rope_write_kv(qkv, int32(batch), inv_freq, int32(batch), q, k_cache, v_cache)
-    yield "decode_attention", lambda: attention_split.decode_attention(
-        q, k_cache, v_cache, tables, lens, attn, workspace, partitions
+    yield (
+        "decode_attention",
+        lambda: attention_split.decode_attention(q, k_cache, v_cache, tables, lens, attn, workspace, partitions),
     )
-    yield "linear (o)", lambda: linear(attn.reshape(batch, -1), bf16(hidden, config.q_size), residual,
-                                       accumulate=True, kernel=kernel)
-    yield "linear_silu_mul", lambda: linear_silu_mul(residual, bf16(gate_up.shape[1], hidden), gate_up, act,
-                                                     norm=norm, kernel=kernel)
-    yield "linear (down)", lambda: linear(act, bf16(hidden, config.intermediate_size), residual, accumulate=True,
-                                          kernel=kernel)
+    yield (
+        "linear (o)",
+        lambda: linear(attn.reshape(batch, -1), bf16(hidden, config.q_size), residual, accumulate=True, kernel=kernel),
+    )
+    yield (
+        "linear_silu_mul",
+        lambda: linear_silu_mul(residual, bf16(gate_up.shape[1], hidden), gate_up, act, norm=norm, kernel=kernel),
+    )
+    yield (
+        "linear (down)",
+        lambda: linear(act, bf16(hidden, config.intermediate_size), residual, accumulate=True, kernel=kernel),
+    )
     yield "linear (lm head)", lambda: linear(residual, bf16(vocab, hidden), logits, norm=norm, kernel=kernel)
-    yield "sample", lambda: sampling.sample(logits, *params, int32(batch), np.empty(parts, np.float32),
-                                            np.empty(parts, np.int32))
+    yield (
+        "sample",
+        lambda: sampling.sample(logits, *params, int32(batch), np.empty(parts, np.float32), np.empty(parts, np.int32)),
+    )
 
 
 def assemble(launch: Launch) -> dict:
@@ -162,8 +192,12 @@ def assemble(launch: Launch) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
         source.write_text(ptx)
-        report = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(Path(folder) / "kernel.cubin")],
-                                capture_output=True, text=True, check=True).stderr
+        report = subprocess.run(
+            ["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(Path(folder) / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
 
     def number(pattern: str) -> int:
         found = re.search(pattern, report)
@@ -200,9 +234,16 @@ def compile_step(config: ModelConfig, batch: int, context: int) -> list[dict]:
         for launch in launches:
             report = assemble(launch)
             threads = int(np.prod(launch.block))
-            rows.append({"operator": launch.operator, "kernel": launch.kernel, "grid": launch.grid,
-                         "block": launch.block, **report,
-                         "blocks_per_sm": resident_blocks(report["registers"], threads, report["shared_bytes"])})
+            rows.append(
+                {
+                    "operator": launch.operator,
+                    "kernel": launch.kernel,
+                    "grid": launch.grid,
+                    "block": launch.block,
+                    **report,
+                    "blocks_per_sm": resident_blocks(report["registers"], threads, report["shared_bytes"]),
+                }
+            )
     return rows
 
 
@@ -216,16 +257,26 @@ def main() -> None:
     rows = compile_step(config, args.batch, args.context)
     with stand_in_h200([]):
         header = result_header()
-    print(f"{'operator':<20} {'kernel':<34} {'grid':>14} {'block':>5} {'regs':>4} {'spill st/ld':>11} "
-          f"{'stack':>5} {'smem':>6} {'blocks/SM':>9}")
+    print(
+        f"{'operator':<20} {'kernel':<34} {'grid':>14} {'block':>5} {'regs':>4} {'spill st/ld':>11} "
+        f"{'stack':>5} {'smem':>6} {'blocks/SM':>9}"
+    )
     for row in rows:
         grid = "x".join(str(g) for g in np.atleast_1d(row["grid"]))
         spills = f"{row['spill_store_bytes']}/{row['spill_load_bytes']}"
-        print(f"{row['operator']:<20} {row['kernel'][:34]:<34} {grid:>14} {str(row['block']):>5} {row['registers']:>4} "
-              f"{spills:>11} {row['stack_bytes']:>5} {row['shared_bytes']:>6} {row['blocks_per_sm']:>9}")
+        print(
+            f"{row['operator']:<20} {row['kernel'][:34]:<34} {grid:>14} {str(row['block']):>5} {row['registers']:>4} "
+            f"{spills:>11} {row['stack_bytes']:>5} {row['shared_bytes']:>6} {row['blocks_per_sm']:>9}"
+        )
     toolchain = subprocess.run(["ptxas", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    payload = {**header, "toolchain": toolchain, "model": args.model or "llama-3.2-1b shapes", "batch": args.batch,
-               "context": args.context, "launches": rows}
+    payload = {
+        **header,
+        "toolchain": toolchain,
+        "model": args.model or "llama-3.2-1b shapes",
+        "batch": args.batch,
+        "context": args.context,
+        "launches": rows,
+    }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {RESULTS}")

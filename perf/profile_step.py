@@ -40,10 +40,19 @@ from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.json"
-OPERATORS = frozenset({
-    "embedding", "gather_rows", "rmsnorm", "linear", "linear_rope_write_kv", "linear_silu_mul",
-    "prefill_attention", "decode_attention", "sample",
-})
+OPERATORS = frozenset(
+    {
+        "embedding",
+        "gather_rows",
+        "rmsnorm",
+        "linear",
+        "linear_rope_write_kv",
+        "linear_silu_mul",
+        "prefill_attention",
+        "decode_attention",
+        "sample",
+    }
+)
 HOLD_US = 100_000
 REPEATS = 20
 
@@ -134,8 +143,12 @@ def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
     stats = pstats.Stats(profiler).stats
     rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
     return [
-        {"function": f"{Path(file).name}:{line}({name})", "calls_per_step": calls / REPEATS,
-         "own_us_per_step": own * 1e6 / REPEATS, "total_us_per_step": total * 1e6 / REPEATS}
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_step": calls / REPEATS,
+            "own_us_per_step": own * 1e6 / REPEATS,
+            "total_us_per_step": total * 1e6 / REPEATS,
+        }
         for (file, line, name), (_, calls, own, total, _) in rows
     ]
 
@@ -150,8 +163,9 @@ def run_prefills(engine: LLMEngine) -> None:
 def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=5 * REPEATS + 8, ignore_eos=True)
     vocab = engine.config.vocab_size
-    ids = [engine.add_request(rng.integers(0, vocab, context).tolist(), params, final_only=True)
-           for _ in range(batch_size)]
+    ids = [
+        engine.add_request(rng.integers(0, vocab, context).tolist(), params, final_only=True) for _ in range(batch_size)
+    ]
     run_prefills(engine)
     summary, operators = operator_times(engine)
     graph = graph_us(engine, batch_size)
@@ -183,18 +197,24 @@ def main() -> None:
     rng = np.random.default_rng(0)
     runs = [profile_batch(engine, batch, args.context, rng) for batch in args.batches]
     for run in runs:
-        print(f"\nbatch {run['batch']} context {run['context']}: graph {run['graph_us']:.0f} us, eager kernels "
-              f"{run['eager_span_us']:.0f} us, engine step {run['step_wall_us']:.0f} us, host overhead "
-              f"{run['host_overhead_us']:.0f} us")
+        print(
+            f"\nbatch {run['batch']} context {run['context']}: graph {run['graph_us']:.0f} us, eager kernels "
+            f"{run['eager_span_us']:.0f} us, engine step {run['step_wall_us']:.0f} us, host overhead "
+            f"{run['host_overhead_us']:.0f} us"
+        )
         kernel_total = sum(op["total_us"] for op in run["operators"])
         print(f"{'operator':<24} {'calls':>5} {'total us':>9} {'us/call':>8} {'share':>6}")
         for op in run["operators"]:
-            print(f"{op['operator']:<24} {op['calls']:>5} {op['total_us']:>9.1f} {op['us_per_call']:>8.2f} "
-                  f"{op['total_us'] / kernel_total:>6.1%}")
+            print(
+                f"{op['operator']:<24} {op['calls']:>5} {op['total_us']:>9.1f} {op['us_per_call']:>8.2f} "
+                f"{op['total_us'] / kernel_total:>6.1%}"
+            )
         print(f"{'host function (cProfile, per step)':<58} {'calls':>7} {'own us':>8} {'total us':>9}")
         for row in run["host_functions"]:
-            print(f"{row['function'][:58]:<58} {row['calls_per_step']:>7.1f} {row['own_us_per_step']:>8.1f} "
-                  f"{row['total_us_per_step']:>9.1f}")
+            print(
+                f"{row['function'][:58]:<58} {row['calls_per_step']:>7.1f} {row['own_us_per_step']:>8.1f} "
+                f"{row['total_us_per_step']:>9.1f}"
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "runs": runs}, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -86,8 +86,14 @@ def exposed_times(replays: list[list[dict]]) -> tuple[list[dict], float]:
             starts.append(kernels[i]["ts"] - origin)
             durations.append(kernels[i]["dur"])
             exposed.append(end - before)
-        chain.append({"kernel": kernel_label(event), "start_us": statistics.median(starts),
-                      "duration_us": statistics.median(durations), "exposed_us": statistics.median(exposed)})
+        chain.append(
+            {
+                "kernel": kernel_label(event),
+                "start_us": statistics.median(starts),
+                "duration_us": statistics.median(durations),
+                "exposed_us": statistics.median(exposed),
+            }
+        )
     span = statistics.median(k[-1]["ts"] + k[-1]["dur"] - k[0]["ts"] for k in replays)
     return chain, span
 
@@ -97,8 +103,15 @@ def by_kernel(chain: list[dict]) -> list[dict]:
     for step in chain:
         totals[step["kernel"]] += step["exposed_us"]
         launches[step["kernel"]] += 1
-    rows = [{"kernel": name, "launches": launches[name], "exposed_us": total,
-             "exposed_us_per_launch": total / launches[name]} for name, total in totals.items()]
+    rows = [
+        {
+            "kernel": name,
+            "launches": launches[name],
+            "exposed_us": total,
+            "exposed_us_per_launch": total / launches[name],
+        }
+        for name, total in totals.items()
+    ]
     return sorted(rows, key=lambda row: -row["exposed_us"])
 
 
@@ -123,8 +136,10 @@ def main() -> None:
         print(f"\ncontext {run['context']}: graph span {run['span_us']:.1f} us, {len(run['chain'])} kernels")
         print(f"{'kernel (grid x block)':<40} {'launches':>8} {'exposed us':>10} {'us/launch':>9} {'share':>6}")
         for row in run["kernels"]:
-            print(f"{row['kernel']:<40} {row['launches']:>8} {row['exposed_us']:>10.1f} "
-                  f"{row['exposed_us_per_launch']:>9.2f} {row['exposed_us'] / run['span_us']:>6.1%}")
+            print(
+                f"{row['kernel']:<40} {row['launches']:>8} {row['exposed_us']:>10.1f} "
+                f"{row['exposed_us_per_launch']:>9.2f} {row['exposed_us'] / run['span_us']:>6.1%}"
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "runs": runs}, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -124,6 +124,8 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
         events.append((start, end))
     cuda.synchronize()
     return statistics.median(cuda.event_elapsed_time(start, end) for start, end in events)
+
+
 # --8<-- [end:median]
 
 

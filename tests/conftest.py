@@ -31,9 +31,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
 )
-settings.register_profile(
-    "gpu", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("gpu", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "simulator" if SIMULATOR else "gpu"))
 # --8<-- [end:worlds]
 

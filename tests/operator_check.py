@@ -86,6 +86,8 @@ class OperatorCheck:
                 self.worst[key] = max(self.worst.get(key, 0.0), error)
 
         return checked
+
+
 # --8<-- [end:check]
 
 
@@ -131,5 +133,6 @@ def all_outputs() -> set[tuple[str, str]]:
 
 
 def within_tolerance(worst: dict[tuple[str, str], float]) -> bool:
-    return all(error <= (OPERATOR_TOLERANCE if name in OUTPUTS else FUSED_TOLERANCE)
-               for (name, _), error in worst.items())
+    return all(
+        error <= (OPERATOR_TOLERANCE if name in OUTPUTS else FUSED_TOLERANCE) for (name, _), error in worst.items()
+    )

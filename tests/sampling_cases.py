@@ -79,7 +79,6 @@ def batches(draw, max_rows, max_vocab):
     return logits, random_params(rng, rows, vocab)
 
 
-
 def clear_winner(scores):
     """The argmax, if it beats the runner-up by more than host/device rounding can move it."""
     first, second = np.sort(scores)[-2:][::-1] if scores.size > 1 else (scores.max(), -np.inf)

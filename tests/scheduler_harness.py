@@ -55,6 +55,8 @@ class FakePagedModel:
     def step(self, batch: ScheduledBatch) -> np.ndarray:
         contexts = self.forward(batch)
         return np.array([next_token(c) for c, s in zip(contexts, batch.samples) if s], dtype=np.int64)
+
+
 # --8<-- [end:fake-model]
 
 
@@ -120,7 +122,6 @@ def drain(scheduler: Scheduler, model: FakePagedModel, max_steps: int = 10_000) 
     raise AssertionError("the scheduler made no progress")
 
 
-
 def assert_matches_reference(seq: Sequence, max_model_len: int = MAX_MODEL_LEN) -> None:
     expected = reference_generation(seq.prompt_token_ids, seq.sampling_params, max_model_len)
     assert (seq.token_ids, seq.finish_reason) == expected
@@ -131,4 +132,3 @@ def add(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int, **par
     seq = Sequence(name, prompt, SamplingParams(max_tokens=max_tokens, **params))
     scheduler.add(seq)
     return seq
-

@@ -95,11 +95,16 @@ def test_split_decode_matches_reference_and_plain_decode(batch, num_partitions):
 
 @settings(max_examples=40)  # the merge alone is quick even under the simulator
 @given(
-    st.integers(1, 2), st.integers(1, 3), st.sampled_from(pick((8, 16), (64, 128))), st.integers(1, MAX_PARTITIONS),
-    st.sampled_from((1, 4, 16, 64)), st.data(),
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.sampled_from(pick((8, 16), (64, 128))),
+    st.integers(1, MAX_PARTITIONS),
+    st.sampled_from((1, 4, 16, 64)),
+    st.data(),
 )
-def test_merge_matches_float64_merge_of_the_filled_partitions(num_seqs, num_heads, head_dim, num_partitions, step,
-                                                              data):
+def test_merge_matches_float64_merge_of_the_filled_partitions(
+    num_seqs, num_heads, head_dim, num_partitions, step, data
+):
     """The merge alone, on partition states drawn directly (any number of partitions, where
     attention under the simulator reaches a few): the partitions holding tokens are those
     that some position t < context_len falls in, at t // length; every other row stays
@@ -154,8 +159,9 @@ def test_decode_attention_matches_reference_whichever_path_it_takes(batch, num_s
     with pytest.MonkeyPatch.context() as patch:
         # Simulator contexts are tiny: let them split too.
         patch.setattr(variants, "MIN_PARTITION_TOKENS", pick(4, MIN_PARTITION_TOKENS))
-        partitions = decode_partitions(*decode_shape(batch.q, batch.k_cache, batch.block_tables),
-                                       BLOCKS_PER_SM * num_sms)
+        partitions = decode_partitions(
+            *decode_shape(batch.q, batch.k_cache, batch.block_tables), BLOCKS_PER_SM * num_sms
+        )
     decode_attention(*_device(batch), out, poisoned(shape, np.float32), partitions)
     assert relative_error(widen(out), batch.expected()) <= BF16_TOLERANCE
 

@@ -22,8 +22,12 @@ BACKENDS = {
 
 def _attributes(protocol: type) -> set[str]:
     """The data attributes the protocol (and those it is made of) declares."""
-    return {name for base in protocol.__mro__ if getattr(base, "_is_protocol", False)
-            for name in vars(base).get("__annotations__", {})}
+    return {
+        name
+        for base in protocol.__mro__
+        if getattr(base, "_is_protocol", False)
+        for name in vars(base).get("__annotations__", {})
+    }
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -11,15 +11,31 @@ from tinyvllm.cli import main
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    return str(make_random_llama_dir(tmp_path_factory.mktemp("tiny"), tokenizer="bytes", config_overrides=TINY_OVERRIDES))
+    return str(
+        make_random_llama_dir(tmp_path_factory.mktemp("tiny"), tokenizer="bytes", config_overrides=TINY_OVERRIDES)
+    )
 
 
 def test_generate_json_matches_the_library(tiny_model, capsys):
-    main(["generate", "hello", "--raw", "--json", "--model", tiny_model, "--backend", "numpy",
-          "--max-tokens", "6", "--ignore-eos"])
+    main(
+        [
+            "generate",
+            "hello",
+            "--raw",
+            "--json",
+            "--model",
+            tiny_model,
+            "--backend",
+            "numpy",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+        ]
+    )
     printed = json.loads(capsys.readouterr().out)
-    expected = LLM(tiny_model, backend="numpy").generate(["hello"], SamplingParams(temperature=0.0, max_tokens=6,
-                                                                                   ignore_eos=True))[0]
+    expected = LLM(tiny_model, backend="numpy").generate(
+        ["hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    )[0]
     assert printed["token_ids"] == expected.token_ids
     assert printed["text"] == expected.text
     assert printed["prompt_tokens"] == len(expected.prompt_token_ids)
@@ -27,8 +43,26 @@ def test_generate_json_matches_the_library(tiny_model, capsys):
 
 @pytest.mark.parametrize("run, row", [("latency", "decode tok/s"), ("throughput", "output tok/s")])
 def test_bench_prints_a_table(tiny_model, capsys, run, row):
-    main(["bench", run, "--model", tiny_model, "--backend", "numpy", "--prompt-len", "8", "--new-tokens", "4",
-          "--requests", "3", "--min-len", "2", "--max-len", "5"])
+    main(
+        [
+            "bench",
+            run,
+            "--model",
+            tiny_model,
+            "--backend",
+            "numpy",
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--requests",
+            "3",
+            "--min-len",
+            "2",
+            "--max-len",
+            "5",
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     values = {line.rsplit(None, 1)[0].strip(): float(line.rsplit(None, 1)[1]) for line in lines}
     assert values[row] > 0

@@ -25,13 +25,31 @@ from tinyvllm.model.rope import rope_inv_freq
 
 # The shape of Llama 3.2 1B Instruct as its config.json (transformers 4.x layout) publishes it.
 LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "mlp_bias": False,
-    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": True,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
     "torch_dtype": "bfloat16",
 }
 
@@ -43,8 +61,11 @@ def llama_configs(draw):
     heads = kv_heads * draw(st.integers(1, 4))
     head_dim = 2 * draw(st.integers(1, 8))
     raw = {
-        "architectures": ["LlamaForCausalLM"], "hidden_size": heads * head_dim, "num_attention_heads": heads,
-        "intermediate_size": draw(st.integers(1, 64)), "num_hidden_layers": draw(st.integers(1, 3)),
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": heads * head_dim,
+        "num_attention_heads": heads,
+        "intermediate_size": draw(st.integers(1, 64)),
+        "num_hidden_layers": draw(st.integers(1, 3)),
         "vocab_size": draw(st.integers(1, 300)),
     }
     optional = {
@@ -61,7 +82,9 @@ def llama_configs(draw):
     if draw(st.booleans()):
         low = draw(st.sampled_from([1.0, 2.0]))
         raw["rope_scaling"] = {
-            "rope_type": "llama3", "factor": draw(st.sampled_from([8.0, 32.0])), "low_freq_factor": low,
+            "rope_type": "llama3",
+            "factor": draw(st.sampled_from([8.0, 32.0])),
+            "low_freq_factor": low,
             "high_freq_factor": low * draw(st.sampled_from([2.0, 4.0])),
             "original_max_position_embeddings": draw(st.sampled_from([64, 8192])),
         }
@@ -80,9 +103,19 @@ def _transformers_config(raw: dict) -> LlamaConfig:
 def test_fields_and_rope_frequencies_match_transformers(raw):
     config = ModelConfig.from_dict(raw)
     expected = _transformers_config(raw)
-    for name in ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "vocab_size", "rms_norm_eps", "tie_word_embeddings",
-                 "max_position_embeddings", "bos_token_id"]:
+    for name in [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "bos_token_id",
+    ]:
         assert getattr(config, name) == getattr(expected, name), name
     eos = expected.eos_token_id
     assert config.eos_token_id == tuple(eos if isinstance(eos, list) else [eos])
@@ -156,15 +189,25 @@ def test_unsupported_or_invalid_configs_raise_naming_the_key(tmp_path, mutate, n
 
 
 def test_generation_config_matches_transformers(tmp_path):
-    generation = {"bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128009], "temperature": 0.6,
-                  "top_p": 0.9, "top_k": 40, "max_new_tokens": 256}
+    generation = {
+        "bos_token_id": 128000,
+        "do_sample": True,
+        "eos_token_id": [128001, 128009],
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 40,
+        "max_new_tokens": 256,
+    }
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_2_1B | {"eos_token_id": 128009}))
     (tmp_path / "generation_config.json").write_text(json.dumps(generation))
     config = ModelConfig.from_dir(tmp_path)
     expected = GenerationConfig.from_pretrained(tmp_path)
     assert config.generation == GenerationDefaults(
-        temperature=expected.temperature, top_p=expected.top_p, top_k=expected.top_k,
-        max_new_tokens=expected.max_new_tokens, do_sample=expected.do_sample,
+        temperature=expected.temperature,
+        top_p=expected.top_p,
+        top_k=expected.top_k,
+        max_new_tokens=expected.max_new_tokens,
+        do_sample=expected.do_sample,
         eos_token_id=tuple(expected.eos_token_id),
     )
     assert config.stop_token_ids == (128009, 128001)

@@ -27,8 +27,6 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
-
-
 @pytest.fixture(scope="module")
 def smollm2(hub_cache, smollm2_dir):  # noqa: F811
     """(GGUF path, converted directory): fetched and converted by default_model_dir once per
@@ -70,7 +68,9 @@ def test_default_model_is_cached_and_reused(smollm2, monkeypatch):
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     ]  # fmt: skip
     with hub_cache_lock(model_dir.parent):
-        assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], "a scratch directory was left behind"
+        assert not [p for p in model_dir.parent.iterdir() if p.name.startswith(".")], (
+            "a scratch directory was left behind"
+        )
     config = ModelConfig.from_dir(model_dir)  # SmolLM2-135M-Instruct's published config.json:
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (
@@ -174,4 +174,6 @@ def test_greedy_generation_matches_transformers_gguf(transformers_models, chat_t
         assert torch.equal(actual, expected), prompt
         answers.append(reference_tokenizer.decode(actual[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
     assert "Paris" in answers[0]
+
+
 # --8<-- [end:greedy-parity]

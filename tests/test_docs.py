@@ -97,7 +97,9 @@ def test_generated_examples_are_current(tmp_path):
     make_examples.generate(tmp_path, real=False)
     stale = [name for name in make_examples.OFFLINE
              if (tmp_path / name).read_text() != (make_examples.GENERATED / name).read_text()]  # fmt: skip
-    assert not stale, f"docs/generated/{stale} differ from what the code makes: run python docs/scripts/make_examples.py"
+    assert not stale, (
+        f"docs/generated/{stale} differ from what the code makes: run python docs/scripts/make_examples.py"
+    )
 
 
 def test_figures_and_result_tables_are_current(tmp_path, capsys):
@@ -131,6 +133,8 @@ def test_measurement_log_sections_are_dated_in_order_and_cite_files_that_exist()
 def test_mkdocs_build_strict(tmp_path):
     environment = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")]
-    result = subprocess.run(command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()

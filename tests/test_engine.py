@@ -37,7 +37,6 @@ def _tokens(llm: LLM, prompts, params) -> list[list[int]]:
     return [output.token_ids for output in llm.generate(prompts, params)]
 
 
-
 def _one_at_a_time(llm: LLM, prompts, params) -> list[list[int]]:
     return [llm.generate([prompt], param)[0].token_ids for prompt, param in zip(prompts, params)]
 
@@ -56,12 +55,19 @@ def test_batching_policies_and_preemption_give_identical_greedy_tokens(tiny_mode
     assert _tokens(small, prompts, params) == expected
     assert small.engine.scheduler.num_preemptions > 0
     assert_no_leak(small)
+
+
 # --8<-- [end:policies]
 
 
 SIMULATOR_OVERRIDES = {
-    **TINY_OVERRIDES, "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 264,
+    **TINY_OVERRIDES,
+    "num_hidden_layers": 1,
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+    "vocab_size": 264,
 }
 """Smaller still for the simulator, which runs a Python thread per CUDA thread."""
 
@@ -93,7 +99,9 @@ def test_cuda_kernels_agree_with_numpy_backend_in_every_policy(tiny_model, tmp_p
     threads)."""
     if SIMULATOR:
         overrides = ENGINE_SIMULATOR_OVERRIDES
-        tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS))
+        tokenizer = save_bytes_tokenizer(
+            tmp_path / "tokenizer.json", overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS)
+        )
         model = make_random_llama_dir(tmp_path / "sim", tokenizer=tokenizer, config_overrides=overrides)
         prompts, params = [[3, 1, 4, 1], [9, 2, 6, 5]], [_greedy(2), _greedy(2)]
         limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 128}
@@ -149,8 +157,9 @@ def test_chunked_prefill_matches_whole_prefill(tiny_model):
 
 def test_seeded_sampling_is_reproducible_and_survives_preemption(tiny_model):
     prompts = _prompts(6, seed=4)
-    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=16, seed=i, ignore_eos=True)
-              for i in range(6)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=16, seed=i, ignore_eos=True) for i in range(6)
+    ]
     roomy = LLM(tiny_model, backend="numpy", block_size=4)
     cramped = LLM(tiny_model, backend="numpy", block_size=4, num_blocks=16)
     expected = _tokens(roomy, prompts, params)
@@ -211,7 +220,9 @@ def test_stop_string_truncates_text(tiny_model):
     free_run = llm.generate([[72, 101, 108]], _greedy(24))[0]
     stop = free_run.text[5:7]
     assert stop, "the tiny model produced too little text for this test"
-    stopped = llm.generate([[72, 101, 108]], SamplingParams(temperature=0.0, max_tokens=24, stop=stop, ignore_eos=True))[0]
+    stopped = llm.generate(
+        [[72, 101, 108]], SamplingParams(temperature=0.0, max_tokens=24, stop=stop, ignore_eos=True)
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.text == free_run.text[: free_run.text.index(stop)]
     assert_no_leak(llm)

@@ -118,13 +118,44 @@ def parse_engine_flags(flags: list[str]) -> EngineConfig:
 
 def test_every_option_is_a_flag_with_its_default():
     assert parse_engine_flags([]) == EngineConfig()
-    flags = ["--mode", "static", "--backend", "numpy", "--block-size", "8", "--gpu-memory-utilization", "0.5",
-             "--num-blocks", "64", "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--max-model-len", "96",
-             "--linear-backend", "gemv", "--enforce-eager", "--activation-dtype", "bf16", "--cpu-kv-cache-gib", "0.25"]
+    flags = [
+        "--mode",
+        "static",
+        "--backend",
+        "numpy",
+        "--block-size",
+        "8",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--num-blocks",
+        "64",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "32",
+        "--max-model-len",
+        "96",
+        "--linear-backend",
+        "gemv",
+        "--enforce-eager",
+        "--activation-dtype",
+        "bf16",
+        "--cpu-kv-cache-gib",
+        "0.25",
+    ]
     assert parse_engine_flags(flags) == EngineConfig(
-        mode="static", backend="numpy", block_size=8, gpu_memory_utilization=0.5, num_blocks=64, max_num_seqs=4,
-        max_num_batched_tokens=32, max_model_len=96, linear_backend="gemv", enforce_eager=True,
-        activation_dtype="bf16", cpu_kv_cache_gib=0.25,
+        mode="static",
+        backend="numpy",
+        block_size=8,
+        gpu_memory_utilization=0.5,
+        num_blocks=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=96,
+        linear_backend="gemv",
+        enforce_eager=True,
+        activation_dtype="bf16",
+        cpu_kv_cache_gib=0.25,
     )
 
 

@@ -135,6 +135,8 @@ def test_cublas_is_captured_in_a_cuda_graph():
     graph.launch(capture_stream)
     capture_stream.synchronize()
     assert relative_error(out.copy_to_host(), expected(x.copy_to_host(), weight.copy_to_host())) <= FLOAT32_TOLERANCE
+
+
 # --8<-- [end:capture]
 
 
@@ -162,8 +164,9 @@ BAD_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("launcher", [gemm, gemv, functools.partial(linear, kernel="tiled")],
-                         ids=["tiled", "gemv", "linear"])
+@pytest.mark.parametrize(
+    "launcher", [gemm, gemv, functools.partial(linear, kernel="tiled")], ids=["tiled", "gemv", "linear"]
+)
 @pytest.mark.parametrize("name, make_bad", BAD_ARGUMENTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_ARGUMENTS)])
 def test_bad_arguments_raise_before_launch(launcher, name, make_bad):
     arguments = _valid_arguments()

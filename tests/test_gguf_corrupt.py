@@ -52,7 +52,9 @@ def test_valid_file_converts(tmp_path, valid):
 def test_truncations_name_the_byte(tmp_path, valid):
     data, reader = valid
     header_end, data_end = reader.data_offset, _tensor_data_end(reader)
-    cuts = sorted({*range(40), *np.linspace(40, header_end, 40, dtype=int), *np.linspace(header_end, data_end - 1, 20, dtype=int)})
+    cuts = sorted(
+        {*range(40), *np.linspace(40, header_end, 40, dtype=int), *np.linspace(header_end, data_end - 1, 20, dtype=int)}
+    )
     for cut in cuts:
         error = _convert(tmp_path, data[:cut])
         assert error is not None, cut
@@ -107,12 +109,20 @@ def _impossible_cases(data: bytes, reader: GGUFReader) -> dict[str, tuple[bytes,
         "dimension": (_overwritten(data, dims_at, "<Q", 1 << 50), "past the end of the file"),
         "tensor type": (_overwritten(data, type_at, "<I", 250), "unknown GGML type id 250"),
         "tensor offset": (_overwritten(data, type_at + 4, "<Q", 1 << 40), "past the end of the file"),
-        "head count": (_overwritten(data, _field_value_offset(reader, "llama.attention.head_count"), "<I", 0),
-                       "llama.attention.head_count is 0, which cannot be true"),
-        "bos id": (_overwritten(data, _field_value_offset(reader, "tokenizer.ggml.bos_token_id"), "<I", 10**6),
-                   "tokenizer.ggml.bos_token_id is 1000000, not a token id"),
-        "rms epsilon": (_overwritten(data, _field_value_offset(reader, "llama.attention.layer_norm_rms_epsilon"), "<f",
-                                     float("nan")), "layer_norm_rms_epsilon is nan, which cannot be true"),
+        "head count": (
+            _overwritten(data, _field_value_offset(reader, "llama.attention.head_count"), "<I", 0),
+            "llama.attention.head_count is 0, which cannot be true",
+        ),
+        "bos id": (
+            _overwritten(data, _field_value_offset(reader, "tokenizer.ggml.bos_token_id"), "<I", 10**6),
+            "tokenizer.ggml.bos_token_id is 1000000, not a token id",
+        ),
+        "rms epsilon": (
+            _overwritten(
+                data, _field_value_offset(reader, "llama.attention.layer_norm_rms_epsilon"), "<f", float("nan")
+            ),
+            "layer_norm_rms_epsilon is nan, which cannot be true",
+        ),
     }
 
 
@@ -149,6 +159,10 @@ def test_existing_output_directory_is_filled(tmp_path, valid):
     (tmp_path / "made").mkdir()
     convert_gguf(tmp_path / "ok.gguf", tmp_path / "made", progress=False)
     assert {path.name for path in (tmp_path / "made").iterdir()} == {
-        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
     }
     assert sorted(path.name for path in tmp_path.iterdir()) == ["made", "ok.gguf"]

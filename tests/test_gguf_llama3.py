@@ -30,7 +30,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "l l", "ll o", "Ċ Ċ", "u s", "e r", "us er", "1 2", "12 3"]
-TOKENS = sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe", "ll", "llo", "ĊĊ", "us", "er", "user", "12", "123"] + SPECIALS
+TOKENS = (
+    sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe", "ll", "llo", "ĊĊ", "us", "er", "user", "12", "123"] + SPECIALS
+)
 BOS, EOT = TOKENS.index("<|begin_of_text|>"), TOKENS.index("<|eot_id|>")
 CHAT_TEMPLATE = (  # Llama 3's template, without the system-date preamble of 3.1+
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
@@ -40,10 +42,21 @@ CHAT_TEMPLATE = (  # Llama 3's template, without the system-date preamble of 3.1
 # K-quant rows are 256 values: hidden and intermediate sizes are multiples of 256.
 HIDDEN, HEADS, KV_HEADS, LAYERS, INTERMEDIATE, THETA = 256, 4, 2, 2, 256, 500000.0
 HEAD_DIM = HIDDEN // HEADS
-LLAMA3_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_SCALING = {
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 TYPES = {  # a Q4_K_M-like mix, with every other new type somewhere
-    "token_embd": GGMLType.Q6_K, "attn_q": GGMLType.Q4_K, "attn_k": GGMLType.Q5_K, "attn_v": GGMLType.Q6_K,
-    "attn_output": GGMLType.Q3_K, "ffn_gate": GGMLType.Q2_K, "ffn_up": GGMLType.Q5_1, "ffn_down": GGMLType.Q5_0,
+    "token_embd": GGMLType.Q6_K,
+    "attn_q": GGMLType.Q4_K,
+    "attn_k": GGMLType.Q5_K,
+    "attn_v": GGMLType.Q6_K,
+    "attn_output": GGMLType.Q3_K,
+    "ffn_gate": GGMLType.Q2_K,
+    "ffn_up": GGMLType.Q5_1,
+    "ffn_down": GGMLType.Q5_0,
 }
 
 
@@ -70,10 +83,16 @@ def write_llama3_gguf(path, rope_freqs: np.ndarray | None, metadata: dict | None
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), "llama")
     for key, value in {
-        "llama.block_count": LAYERS, "llama.context_length": 131072, "llama.embedding_length": HIDDEN,
-        "llama.feed_forward_length": INTERMEDIATE, "llama.attention.head_count": HEADS,
-        "llama.attention.head_count_kv": KV_HEADS, "llama.rope.dimension_count": HEAD_DIM,
-        "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": EOT, "tokenizer.ggml.eot_token_id": EOT,
+        "llama.block_count": LAYERS,
+        "llama.context_length": 131072,
+        "llama.embedding_length": HIDDEN,
+        "llama.feed_forward_length": INTERMEDIATE,
+        "llama.attention.head_count": HEADS,
+        "llama.attention.head_count_kv": KV_HEADS,
+        "llama.rope.dimension_count": HEAD_DIM,
+        "tokenizer.ggml.bos_token_id": BOS,
+        "tokenizer.ggml.eos_token_id": EOT,
+        "tokenizer.ggml.eot_token_id": EOT,
     }.items():
         writer.add_uint32(key, value)
     writer.add_float32("llama.rope.freq_base", THETA)
@@ -90,11 +109,17 @@ def write_llama3_gguf(path, rope_freqs: np.ndarray | None, metadata: dict | None
 
     shapes = {"token_embd": (len(TOKENS), HIDDEN), "output_norm": (HIDDEN,)}  # tied, as Llama 3.2 1B/3B
     for i in range(LAYERS):
-        shapes |= {f"blk.{i}.attn_norm": (HIDDEN,), f"blk.{i}.ffn_norm": (HIDDEN,),
-                   f"blk.{i}.attn_q": (HIDDEN, HIDDEN), f"blk.{i}.attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-                   f"blk.{i}.attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), f"blk.{i}.attn_output": (HIDDEN, HIDDEN),
-                   f"blk.{i}.ffn_gate": (INTERMEDIATE, HIDDEN), f"blk.{i}.ffn_up": (INTERMEDIATE, HIDDEN),
-                   f"blk.{i}.ffn_down": (HIDDEN, INTERMEDIATE)}
+        shapes |= {
+            f"blk.{i}.attn_norm": (HIDDEN,),
+            f"blk.{i}.ffn_norm": (HIDDEN,),
+            f"blk.{i}.attn_q": (HIDDEN, HIDDEN),
+            f"blk.{i}.attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{i}.attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{i}.attn_output": (HIDDEN, HIDDEN),
+            f"blk.{i}.ffn_gate": (INTERMEDIATE, HIDDEN),
+            f"blk.{i}.ffn_up": (INTERMEDIATE, HIDDEN),
+            f"blk.{i}.ffn_down": (HIDDEN, INTERMEDIATE),
+        }
     for name, shape in shapes.items():
         role = name.split(".")[-1]
         if len(shape) == 1:
@@ -154,7 +179,10 @@ def test_logits_match_transformers_gguf_loader(llama3):
     ours = next_token_logits(llm, prompt_ids)
     _assert_logits_close(ours, _hf_logits(reference, prompt_ids))
     # The scaling must matter here, or this test could not tell a missing rope_scaling apart.
-    assert np.abs(ours - _hf_logits(unscaled, prompt_ids)).max() > 10 * np.abs(ours - _hf_logits(reference, prompt_ids)).max()
+    assert (
+        np.abs(ours - _hf_logits(unscaled, prompt_ids)).max()
+        > 10 * np.abs(ours - _hf_logits(reference, prompt_ids)).max()
+    )
 
 
 def test_weights_match_transformers_gguf_loader(llama3):
@@ -181,7 +209,9 @@ def test_chat_tokenizes_like_transformers_gguf_tokenizer(llama3):
 
 def test_original_context_length_key_is_honoured(tmp_path):
     scaling = LLAMA3_SCALING | {"factor": 8.0, "original_max_position_embeddings": 2048}
-    write_llama3_gguf(tmp_path / "c.gguf", _converter_rope_freqs(scaling), {"llama.rope.scaling.original_context_length": 2048})
+    write_llama3_gguf(
+        tmp_path / "c.gguf", _converter_rope_freqs(scaling), {"llama.rope.scaling.original_context_length": 2048}
+    )
     out = convert_gguf(tmp_path / "c.gguf", tmp_path / "hf", progress=False)
     assert json.loads((out / "config.json").read_text())["rope_scaling"] == {"rope_type": "llama3", **scaling}
 

@@ -52,7 +52,12 @@ def test_every_new_type_is_supported():
         assert (block.elements, block.block_bytes) == GGML_QUANT_SIZES[tensor_type], tensor_type.name
 
 
-@given(tensor_type=st.sampled_from(NEW_TYPES), rows=st.integers(1, 3), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+@given(
+    tensor_type=st.sampled_from(NEW_TYPES),
+    rows=st.integers(1, 3),
+    blocks=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_random_blocks_match_gguf_reference(tensor_type, rows, blocks, seed):
     """Every bit pattern, not only what a quantizer writes: all scales (inf/nan included), signs and bits."""
     block_bytes = GGML_QUANT_SIZES[tensor_type][1]
@@ -61,7 +66,11 @@ def test_random_blocks_match_gguf_reference(tensor_type, rows, blocks, seed):
         np.testing.assert_array_equal(dequantize(stored, tensor_type), gguf_quants.dequantize(stored, tensor_type))
 
 
-@given(tensor_type=st.sampled_from([GGMLType.Q5_0, GGMLType.Q5_1]), log_scale=st.floats(-8, 8), seed=st.integers(0, 2**32 - 1))
+@given(
+    tensor_type=st.sampled_from([GGMLType.Q5_0, GGMLType.Q5_1]),
+    log_scale=st.floats(-8, 8),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_quantized_values_match_gguf_reference(tensor_type, log_scale, seed):
     """What gguf-py's own quantizer writes (it has none for the K-quants), and close to the values quantized."""
     values = (np.random.default_rng(seed).standard_normal((3, 64)) * 2.0**log_scale).astype(np.float32)

@@ -16,8 +16,41 @@ from tinyvllm.model.gguf.sentencepiece import (
 from tinyvllm.model.tokenizer import Tokenizer
 
 # Pieces best first, as SentencePiece scores them; "▁" is a space.
-PIECES = ["▁t", "he", "▁the", "ll", "▁h", "llo", "▁he", "▁hello", "or", "▁w", "ld", "▁wor", "▁world", "▁a", "in", "▁in",
-          "12", "▁", "h", "e", "l", "o", "t", "w", "r", "d", "a", "i", "n", "1", "2", "ü", ","]
+PIECES = [
+    "▁t",
+    "he",
+    "▁the",
+    "ll",
+    "▁h",
+    "llo",
+    "▁he",
+    "▁hello",
+    "or",
+    "▁w",
+    "ld",
+    "▁wor",
+    "▁world",
+    "▁a",
+    "in",
+    "▁in",
+    "12",
+    "▁",
+    "h",
+    "e",
+    "l",
+    "o",
+    "t",
+    "w",
+    "r",
+    "d",
+    "a",
+    "i",
+    "n",
+    "1",
+    "2",
+    "ü",
+    ",",
+]
 TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + PIECES
 TYPES = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256 + [NORMAL] * len(PIECES)
 SCORES = [0.0] * 259 + [-float(rank) for rank in range(len(PIECES))]
@@ -43,8 +76,11 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory):
     root = tmp_path_factory.mktemp("spm")
-    write_llama_gguf(root / "spm.gguf", metadata=SPM_METADATA, drop=("tokenizer.ggml.merges", "tokenizer.ggml.pre",
-                                                                    "tokenizer.ggml.add_bos_token"))
+    write_llama_gguf(
+        root / "spm.gguf",
+        metadata=SPM_METADATA,
+        drop=("tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token"),
+    )
     return root, convert_gguf(root / "spm.gguf", root / "hf", progress=False)
 
 

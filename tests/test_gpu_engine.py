@@ -153,8 +153,10 @@ def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
     assert eager.engine.runner.graphs is None
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 49152, int(rng.integers(5, 200))).tolist() for _ in range(37)]
-    params = [SamplingParams(temperature=float(t), top_p=0.9, max_tokens=24, seed=i, ignore_eos=True)
-              for i, t in enumerate(rng.choice([0.0, 0.8], size=37))]
+    params = [
+        SamplingParams(temperature=float(t), top_p=0.9, max_tokens=24, seed=i, ignore_eos=True)
+        for i, t in enumerate(rng.choice([0.0, 0.8], size=37))
+    ]
     for batch in (prompts[:1], prompts[:3], prompts):
         expected = [output.token_ids for output in eager.generate(batch, params[: len(batch)])]
         assert [output.token_ids for output in gpu_llm.generate(batch, params[: len(batch)])] == expected

@@ -42,9 +42,7 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
 def modules_after(code: str, model: Path) -> set[str]:
     """The top-level modules a fresh interpreter holds after running `code` (MODEL = model)."""
     script = f"import sys\nMODEL = {str(model)!r}\n{code}\nprint(' '.join(sorted(sys.modules)))"
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPOSITORY, capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPOSITORY, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     return {name.split(".")[0] for name in result.stdout.split()}
 

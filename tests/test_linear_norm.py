@@ -109,8 +109,14 @@ def test_normed_gate_up_with_silu_matches_reference(problem, kernel):
     # (gate, up) pairs, a whole number of chunks of them: the unfused activation needs it
     weight = np.resize(weight, (16 * -(-weight.shape[0] // 8), weight.shape[1]))
     out = poisoned((x.shape[0], weight.shape[0] // 2))
-    linear_silu_mul(cuda.to_device(x), cuda.to_device(weight), poisoned((x.shape[0], weight.shape[0])), out,
-                    norm=norm_on_device(x, gain, eps), kernel=kernel)
+    linear_silu_mul(
+        cuda.to_device(x),
+        cuda.to_device(weight),
+        poisoned((x.shape[0], weight.shape[0])),
+        out,
+        norm=norm_on_device(x, gain, eps),
+        kernel=kernel,
+    )
     silu_tests.assert_matches_reference(out.copy_to_host(), normed_bits(x, gain, eps), weight)
 
 
@@ -120,8 +126,9 @@ def test_normed_qkv_with_rope_matches_reference(problem, data, kernel):
     gain, eps = data.draw(gains(x.shape[1]))
     arguments = rope_tests.on_device(problem)
     qkv = poisoned((x.shape[0], problem["weight"].shape[0]))
-    linear_rope_write_kv(arguments.pop("x"), arguments.pop("weight"), qkv, **arguments,
-                         norm=norm_on_device(x, gain, eps), kernel=kernel)
+    linear_rope_write_kv(
+        arguments.pop("x"), arguments.pop("weight"), qkv, **arguments, norm=norm_on_device(x, gain, eps), kernel=kernel
+    )
     rope_tests.assert_matches_reference(rope_tests.targets(arguments), problem | {"x": normed_bits(x, gain, eps)})
 
 
@@ -131,8 +138,14 @@ def test_cublas_normed_and_accumulated_products_match_reference(problem):
     x, weight, gain, eps = problem
     prior = prior_residual(x, weight)
     out = cuda.to_device(prior)
-    linear(cuda.to_device(x), cuda.to_device(weight), out, norm=norm_on_device(x, gain, eps), accumulate=True,
-           kernel="cublas")
+    linear(
+        cuda.to_device(x),
+        cuda.to_device(weight),
+        out,
+        norm=norm_on_device(x, gain, eps),
+        accumulate=True,
+        kernel="cublas",
+    )
     expected = widen(prior) + reference.linear(normed(x, gain, eps), widen(weight))
     assert relative_error(widen(out), expected) <= BF16_TOLERANCE
 

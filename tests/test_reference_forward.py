@@ -30,9 +30,13 @@ CHATS = [
 
 def _hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
-        output = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
-    return output[0, len(prompt_ids):].tolist()
+        output = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        )
+    return output[0, len(prompt_ids) :].tolist()
 
 
 def _hf_logits(model, prompt_ids: list[int]) -> np.ndarray:

@@ -45,6 +45,8 @@ def test_rmsnorm_matches_reference(problem):
     rmsnorm(x_device, cuda.to_device(weight), eps, out)
     _assert_rows_close(widen(out), reference.rmsnorm(widen(x), widen(weight), eps))
     np.testing.assert_array_equal(x_device.copy_to_host(), x)
+
+
 # --8<-- [end:property]
 
 

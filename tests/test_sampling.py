@@ -196,7 +196,6 @@ def filtered_rows(draw):
     return row, temperature, top_k, top_p, inner, int(rng.integers(0, 2**63))
 
 
-
 @given(filtered_rows())
 def test_filters_keep_exactly_the_reference_set(case):
     """Offsets chosen so that a threshold one logit off would draw another token: a dropped
@@ -225,9 +224,7 @@ def test_filters_keep_exactly_the_reference_set(case):
             expected.append(winner)
     assume(dropped_winners and edge_winners)
     rows = len(offsets)
-    params = pack_sampling_params(
-        [temperature] * rows, [top_k] * rows, [top_p] * rows, [seed] * rows, offsets
-    )
+    params = pack_sampling_params([temperature] * rows, [top_k] * rows, [top_p] * rows, [seed] * rows, offsets)
     np.testing.assert_array_equal(run_sample(np.tile(row, (rows, 1)), params), expected)
 
 

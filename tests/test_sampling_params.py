@@ -60,9 +60,7 @@ def test_bad_values_are_refused_by_name(name, value):
     stop_token_ids=st.none() | st.lists(st.integers(0, 1 << 20), max_size=4),
     seed=st.none() | st.integers(0, 2**63 - 1),
 )
-def test_good_values_are_kept_and_stops_become_lists(
-    temperature, top_k, top_p, max_tokens, stop, stop_token_ids, seed
-):
+def test_good_values_are_kept_and_stops_become_lists(temperature, top_k, top_p, max_tokens, stop, stop_token_ids, seed):
     params = SamplingParams(
         temperature=temperature,
         top_k=top_k,
@@ -80,9 +78,7 @@ def test_good_values_are_kept_and_stops_become_lists(
 
 
 def test_numpy_scalars_are_accepted_as_python_numbers():
-    params = SamplingParams(
-        temperature=np.float32(0.5), top_k=np.int64(4), max_tokens=np.int32(8), seed=np.uint32(3)
-    )
+    params = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(4), max_tokens=np.int32(8), seed=np.uint32(3))
     assert type(params.temperature) is float and type(params.top_k) is int
     assert type(params.max_tokens) is int and type(params.seed) is int
 

@@ -107,4 +107,3 @@ def test_gumbel_max_bounds_the_noise():
 def test_noise_differs_between_seeds_offsets_and_tokens():
     noise = np.stack([gumbel_noise(seed, offset, 64) for seed in (0, 1, 2**63) for offset in (0, 1, 2**40)])
     assert len(np.unique(noise)) == noise.size
-

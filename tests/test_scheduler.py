@@ -58,9 +58,7 @@ def test_a_recomputed_sequence_does_not_resample_its_tokens():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_heavy_preemption_leaves_every_output_unchanged(mode):
-    scheduler, model = make_scheduler(
-        mode=mode, block_size=2, num_blocks=12, max_num_seqs=4, max_num_batched_tokens=5
-    )
+    scheduler, model = make_scheduler(mode=mode, block_size=2, num_blocks=12, max_num_seqs=4, max_num_batched_tokens=5)
     seqs = [add(scheduler, f"request-{i}", 4 + i, 14, ignore_eos=True) for i in range(6)]
     drain(scheduler, model)
     assert scheduler.num_preemptions > 0

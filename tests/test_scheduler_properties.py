@@ -201,4 +201,3 @@ def test_every_request_gets_the_tokens_of_a_plain_generation_loop(
     for seq in seqs:
         assert_matches_reference(seq, max_model_len)
     assert scheduler.allocator.num_free == num_blocks
-

@@ -9,7 +9,10 @@ from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 def test_a_new_sequence_waits_with_its_prompt_and_no_blocks():
     seq = Sequence("r", [5, 6, 7], SamplingParams(seed=11), prompt="hi")
     assert (seq.status, seq.num_tokens, seq.num_prompt_tokens, seq.num_computed_tokens) == (
-        SequenceStatus.WAITING, 3, 3, 0
+        SequenceStatus.WAITING,
+        3,
+        3,
+        0,
     )
     assert seq.block_table == [] and seq.finish_reason is None and not seq.is_finished
     assert seq.seed == 11

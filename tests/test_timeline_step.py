@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from perf.timeline_step import by_kernel, exposed_times, kernel_label
 
-NAMES = ("tinyvllm::kernels::gemv::gemv_kernel::_3clocals_3e::gemv_normalized[abi:v87][abi:cw51c](Array<unsigned short>)",
+NAMES = ("tinyvllm::kernels::gemv::gemv_kernel::_3clocals_3e::gemv_normalized[abi:v87][abi:cw51c](Array<unsigned short>)",  # noqa: E501
          "tinyvllm::kernels::attention_decode::_decode_kernel::_3clocals_3e::decode[abi:v42][abi:cw51c](Array<int>)",
          "tinyvllm::kernels::embedding::_feed_kernel[abi:v1][abi:cw51c](Array<int>)")  # fmt: skip
 LABELS = ("gemv_normalized[v87] 1056x64", "decode[v42] 8x32x128", "_feed_kernel[v1] 1x256")

@@ -79,7 +79,9 @@ def _byte_level_bpe() -> BackendTokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=400,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(CORPUS, trainer)
@@ -112,8 +114,12 @@ def _write_dir(path, backend: BackendTokenizer, **config):
 @pytest.fixture(scope="module")
 def chatml_dir(tmp_path_factory):
     return _write_dir(
-        tmp_path_factory.mktemp("chatml"), _byte_level_bpe(),
-        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_COMPACT,
+        tmp_path_factory.mktemp("chatml"),
+        _byte_level_bpe(),
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_COMPACT,
     )
 
 

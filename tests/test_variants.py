@@ -58,7 +58,9 @@ def test_decode_split_fills_the_gpu_as_the_table_says():
     assert table.decode_partitions(1, 8, 2 * MIN_PARTITION_TOKENS - 1) == 1
     assert table.decode_partitions(64, 8, 2048) == 1
     assert [str(k) for k in table.decode_launches(1, 8, 8192)] == [
-        f"split_decode_attention ({MAX_PARTITIONS} partitions)", "merge_partitions"]
+        f"split_decode_attention ({MAX_PARTITIONS} partitions)",
+        "merge_partitions",
+    ]
     assert [k.name for k in table.decode_launches(64, 8, 2048)] == ["paged_decode_attention"]
 
 
@@ -71,6 +73,7 @@ def test_llama_1b_decode_step_launches_the_measured_kernel_counts():
 
 def test_a_batch_runs_its_graph_bucket_and_eager_runs_it_as_it_is():
     """Batch 3 replays the graph captured for 4 rows: its split is the one of 4 sequences."""
+
     def split(batch, **options):
         calls = kernel_list.decode_step_kernels(TINY, batch, num_sms=8, max_model_len=512, **options)
         return next(call.kernels[0].partitions for call in calls if call.operator == "decode_attention")
@@ -143,8 +146,9 @@ def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model
     """A tiny model's decode step on the real kernels (simulated): the fused GEMV path with a
     split decode, and the tiled path, whose norm, activation and RoPE run apart, unsplit."""
     options = {"linear_backend": linear_backend, "max_model_len": max_model_len, "enforce_eager": True}
-    expected = kernel_list.decode_step_kernels(TINY, batch, num_sms=multiprocessor_count(), cublas_available=False,
-                                               **options)
+    expected = kernel_list.decode_step_kernels(
+        TINY, batch, num_sms=multiprocessor_count(), cublas_available=False, **options
+    )
     rng = np.random.default_rng(0)
     weights = {name: random_bf16(rng, shape, 0.1) for name, shape in weight_shapes(TINY).items()}
     backend = CudaBackend(linear_backend)

@@ -33,12 +33,19 @@ def tiny_configs(draw) -> ModelConfig:
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 2))
     head_dim = 2 * draw(st.integers(1, 3))
-    return ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": draw(st.integers(2, 8)),
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "intermediate_size": draw(st.integers(1, 8)), "num_hidden_layers": draw(st.integers(1, 2)),
-        "vocab_size": draw(st.integers(1, 16)), "tie_word_embeddings": draw(st.booleans()),
-    })
+    return ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": draw(st.integers(2, 8)),
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "intermediate_size": draw(st.integers(1, 8)),
+            "num_hidden_layers": draw(st.integers(1, 2)),
+            "vocab_size": draw(st.integers(1, 16)),
+            "tie_word_embeddings": draw(st.booleans()),
+        }
+    )
 
 
 def _random_weights(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -106,11 +113,13 @@ def test_reads_what_the_safetensors_library_writes(tmp_path_factory, data):
 @given(data=st.data())
 def test_writer_output_is_read_by_the_safetensors_library(tmp_path_factory, data):
     shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)
-    specs = data.draw(st.dictionaries(
-        st.text("abc.xyz_0123", min_size=1, max_size=8),
-        st.tuples(shapes, st.sampled_from([np.uint16, np.float16, np.float32]), st.booleans()),
-        max_size=6,
-    ))
+    specs = data.draw(
+        st.dictionaries(
+            st.text("abc.xyz_0123", min_size=1, max_size=8),
+            st.tuples(shapes, st.sampled_from([np.uint16, np.float16, np.float32]), st.booleans()),
+            max_size=6,
+        )
+    )
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     tensors = {}
     for name, (shape, dtype, transposed) in specs.items():
@@ -210,8 +219,19 @@ def _fault(kind: str, path, header: dict, data: bytes, draw):
     return fragment, name
 
 
-FAULTS = ["truncate", "header_length", "not_json", "not_object", "bad_metadata", "malformed_entry", "unknown_dtype",
-          "wrong_span", "out_of_file", "overlap", "missing"]
+FAULTS = [
+    "truncate",
+    "header_length",
+    "not_json",
+    "not_object",
+    "bad_metadata",
+    "malformed_entry",
+    "unknown_dtype",
+    "wrong_span",
+    "out_of_file",
+    "overlap",
+    "missing",
+]
 
 
 @pytest.mark.parametrize("kind", FAULTS)
@@ -244,8 +264,16 @@ def test_wrong_shape_for_the_config_raises_naming_the_tensor(tmp_path_factory, c
 
 
 def test_integer_dtype_for_a_weight_raises(tmp_path):
-    config = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "num_attention_heads": 2,
-                                    "intermediate_size": 4, "num_hidden_layers": 1, "vocab_size": 8})
+    config = ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4,
+            "num_attention_heads": 2,
+            "intermediate_size": 4,
+            "num_hidden_layers": 1,
+            "vocab_size": 8,
+        }
+    )
     tensors = {name: np.zeros(shape, np.float32) for name, shape in weight_shapes(config).items()}
     tensors["model.norm.weight"] = np.zeros(4, np.int32)
     safetensors.numpy.save_file(tensors, tmp_path / "model.safetensors")
@@ -310,8 +338,16 @@ def test_sharded_checkpoints_load_like_a_single_file(tmp_path_factory, config, d
 
 
 def test_bad_index_and_empty_directory_are_errors(tmp_path):
-    config = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "num_attention_heads": 2,
-                                    "intermediate_size": 4, "num_hidden_layers": 1, "vocab_size": 8})
+    config = ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4,
+            "num_attention_heads": 2,
+            "intermediate_size": 4,
+            "num_hidden_layers": 1,
+            "vocab_size": 8,
+        }
+    )
     with pytest.raises(WeightsError, match="neither model.safetensors nor model.safetensors.index.json"):
         load_weights(tmp_path, config)
     index = tmp_path / "model.safetensors.index.json"

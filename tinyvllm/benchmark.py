@@ -34,12 +34,15 @@ class Workload:
         return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in self.output_lens]
 
 
-def random_workload(num_requests: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int],
-                    vocab_size: int, seed: int = 0) -> Workload:
+def random_workload(
+    num_requests: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int], vocab_size: int, seed: int = 0
+) -> Workload:
     """Lengths uniform in the inclusive ranges; token ids uniform over the vocabulary."""
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, vocab_size, int(rng.integers(prompt_lens[0], prompt_lens[1] + 1))).tolist()
-               for _ in range(num_requests)]
+    prompts = [
+        rng.integers(0, vocab_size, int(rng.integers(prompt_lens[0], prompt_lens[1] + 1))).tolist()
+        for _ in range(num_requests)
+    ]
     outputs = rng.integers(output_lens[0], output_lens[1] + 1, num_requests).tolist()
     return Workload(prompts, outputs)
 

@@ -1,4 +1,4 @@
-"""The `tinyvllm` command line: generate, chat, serve, bench, convert.
+"""The `tinyvllm` command line: generate, chat, serve, bench, convert, kernels.
 
 Every subcommand that runs a model takes the same engine flags: --model (with none, the
 embedded SmolLM2-135M-Instruct) and one flag per EngineConfig field (--mode, --backend,
@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from tinyvllm.backends import kernel_list
 from tinyvllm.config import EngineConfig, option_type
 
 
@@ -85,13 +86,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         outputs = llm.chat([[{"role": "user", "content": prompt}] for prompt in prompts], params)
     for prompt, output in zip(prompts, outputs):
         if args.json:
-            print(json.dumps({
-                "prompt": prompt,
-                "text": output.text,
-                "token_ids": output.token_ids,
-                "finish_reason": output.finish_reason,
-                "prompt_tokens": len(output.prompt_token_ids),
-            }))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": output.text,
+                        "token_ids": output.token_ids,
+                        "finish_reason": output.finish_reason,
+                        "prompt_tokens": len(output.prompt_token_ids),
+                    }
+                )
+            )
         else:
             print(output.text)
 
@@ -124,15 +129,22 @@ def cmd_bench(args: argparse.Namespace) -> None:
     vocab = llm.engine.config.vocab_size
     if args.run == "latency":
         result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens)
-        rows = [("time to first token (ms)", result["time_to_first_token_ms"]),
-                ("decode ms/token", result["decode_ms_per_token"]),
-                ("decode tok/s", result["decode_tok_per_s"])]
+        rows = [
+            ("time to first token (ms)", result["time_to_first_token_ms"]),
+            ("decode ms/token", result["decode_ms_per_token"]),
+            ("decode tok/s", result["decode_tok_per_s"]),
+        ]
     else:
-        workload = benchmark.random_workload(args.requests, (args.min_len, args.max_len),
-                                             (args.min_len, args.max_len), vocab)
+        workload = benchmark.random_workload(
+            args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab
+        )
         result = benchmark.throughput(llm, workload)
-        rows = [("requests", result["requests"]), ("output tokens", result["output_tokens"]),
-                ("seconds", result["seconds"]), ("output tok/s", result["output_tok_per_s"])]
+        rows = [
+            ("requests", result["requests"]),
+            ("output tokens", result["output_tokens"]),
+            ("seconds", result["seconds"]),
+            ("output tok/s", result["output_tok_per_s"]),
+        ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value:12.2f}" if isinstance(value, float) else f"{name:<{width}}  {value:12d}")
@@ -164,11 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(chat, max_tokens=512)
     chat.set_defaults(handler=cmd_chat)
 
-    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    serve = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the model's name in the API (default: the model directory's name)")
-    serve.add_argument("--max-tokens-limit", type=int, help="most max_tokens a request may ask for (default: max_model_len)")
+    serve.add_argument(
+        "--max-tokens-limit", type=int, help="most max_tokens a request may ask for (default: max_model_len)"
+    )
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
     add_engine_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
@@ -187,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("gguf", help="the .gguf file")
     convert.add_argument("out_dir", help="the directory to write")
     convert.set_defaults(handler=cmd_convert)
+
+    kernel_list.add_parser(commands)
     return parser
 
 

@@ -56,7 +56,7 @@ class EngineConfig:
     enforce_eager: bool = option(False, "no CUDA graphs")
     activation_dtype: str = option("float32", "numpy: how activations are stored", choices=ACTIVATION_DTYPES)
     cpu_kv_cache_gib: float = option(1.0, "numpy: KV-cache size in GiB of host memory")
-# --8<-- [end:engine-args]
+    # --8<-- [end:engine-args]
 
     def __post_init__(self) -> None:
         for spec in fields(EngineConfig):

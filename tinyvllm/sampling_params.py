@@ -27,7 +27,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
-# --8<-- [end:fields]
+    # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
         self.temperature = _real("temperature", self.temperature)
@@ -60,9 +60,7 @@ class SamplingParams:
         """Raise ValueError naming stop_token_ids if any id is not a token of the model."""
         unknown = [t for t in self.stop_token_ids if t >= vocab_size]
         if unknown:
-            raise ValueError(
-                f"stop_token_ids {unknown} are outside the model's vocabulary of {vocab_size} tokens"
-            )
+            raise ValueError(f"stop_token_ids {unknown} are outside the model's vocabulary of {vocab_size} tokens")
 
 
 def _integer(name: str, value) -> int:

@@ -139,7 +139,9 @@ def bf16_rounding() -> str:
         rounded = to_bf16(np.array([single]))
         back = float(from_bf16(rounded)[0])
         error = "inf" if math.isinf(back) else f"{abs(back - float(single)) / abs(float(single)):.2e}"
-        rows.append(f"| {label} | `{bits >> 16:04x} {bits & 0xFFFF:04x}` | `{int(rounded[0]):04x}` | {back:.9g} | {error} |")
+        rows.append(
+            f"| {label} | `{bits >> 16:04x} {bits & 0xFFFF:04x}` | `{int(rounded[0]):04x}` | {back:.9g} | {error} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -160,8 +162,10 @@ def models_table(smollm2: dict) -> str:
     rows = [
         ("hidden_size", lambda c: c.hidden_size),
         ("num_hidden_layers", lambda c: c.num_hidden_layers),
-        ("query heads / KV heads (group)",
-         lambda c: f"{c.num_attention_heads} / {c.num_key_value_heads} ({c.num_kv_groups})"),
+        (
+            "query heads / KV heads (group)",
+            lambda c: f"{c.num_attention_heads} / {c.num_key_value_heads} ({c.num_kv_groups})",
+        ),
         ("head_dim", lambda c: c.head_dim),
         ("q / k / v projection widths", lambda c: f"{c.q_size} / {c.kv_size} / {c.kv_size}"),
         ("intermediate_size (SwiGLU)", lambda c: c.intermediate_size),
@@ -178,8 +182,11 @@ def models_table(smollm2: dict) -> str:
         ("KV cache per token (K and V, all layers)", lambda c: f"{kv_per_token(c):,} bytes"),
         (f"KV block of {BLOCK_SIZE} tokens", lambda c: f"{kv_block_bytes(c, BLOCK_SIZE, np.uint16) / 1024:g} KiB"),
         ("tokens per GiB of KV arena", lambda c: f"{2**30 // kv_per_token(c):,}"),
-        ("batch-1 decode roofline at 4.25 TB/s", lambda c: f"{roofline_tok_per_s(c.num_parameters, BANDWIDTH):,.0f} tok/s"),
-    ]  # fmt: skip
+        (
+            "batch-1 decode roofline at 4.25 TB/s",
+            lambda c: f"{roofline_tok_per_s(c.num_parameters, BANDWIDTH):,.0f} tok/s",
+        ),
+    ]
     lines = ["| | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
     for name, cell in rows:
         lines.append(f"| {name} | " + " | ".join(str(cell(c)) for c in configs.values()) + " |")

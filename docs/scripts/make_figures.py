@@ -73,8 +73,12 @@ def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
     variants = [v for v in ("cublas", "tiled", "gemv") if any(r["variant"] == v for r in decode)]
     x = np.arange(len(layers))
     for offset, variant in enumerate(variants):
-        values = [next((r["tbps"] for r in decode if r["layer"] == layer and r["variant"] == variant), 0) for layer in layers]
-        axis.bar(x + (offset - (len(variants) - 1) / 2) * 0.25, values, 0.25, label=variant, color=VARIANT_COLORS[variant])
+        values = [
+            next((r["tbps"] for r in decode if r["layer"] == layer and r["variant"] == variant), 0) for layer in layers
+        ]
+        axis.bar(
+            x + (offset - (len(variants) - 1) / 2) * 0.25, values, 0.25, label=variant, color=VARIANT_COLORS[variant]
+        )
     axis.axhline(COPY_CEILING_TBPS, color="black", linestyle=":", linewidth=1, label="copy ceiling")
     axis.set_xticks(x, layers, fontsize=8)
     axis.set_ylabel("TB/s (weights + x read)")
@@ -90,9 +94,13 @@ def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
     )  # fmt: skip
     streamed = data.get("streamed_m1", [])
     if streamed:
-        body += "\n\nM = 1 with the weights streamed: one CUDA graph of launches over distinct copies of the weight.\n\n"
-        body += table(["layer", "N", "K", "gemv TB/s", "cuBLAS TB/s"],
-                      [[r["layer"], r["n"], r["k"], number(r["gemv_tbps"]), number(r["cublas_tbps"])] for r in streamed])  # fmt: skip
+        body += (
+            "\n\nM = 1 with the weights streamed: one CUDA graph of launches over distinct copies of the weight.\n\n"
+        )
+        body += table(
+            ["layer", "N", "K", "gemv TB/s", "cuBLAS TB/s"],
+            [[r["layer"], r["n"], r["k"], number(r["gemv_tbps"]), number(r["cublas_tbps"])] for r in streamed],
+        )
     return names, bars_line(data.get("bars_met", {})) + body
 
 
@@ -105,9 +113,19 @@ def profile(data: dict, figures: Path) -> tuple[list[str], str]:
             f"**{data['model']}, batch {run['batch']}, context {run['context']}**: graph replay "
             f"{number(run['graph_us'])} µs on the GPU, engine step {number(run['step_wall_us'])} µs wall, "
             f"host overhead {number(run['host_overhead_us'])} µs.\n\n"
-            + table(["operator (eager, events)", "calls", "µs", "µs/call", "share"],
-                    [[op["operator"], op["calls"], number(op["total_us"]), number(op["us_per_call"]),
-                      f"{op['total_us'] / kernels:.0%}"] for op in run["operators"]])  # fmt: skip
+            + table(
+                ["operator (eager, events)", "calls", "µs", "µs/call", "share"],
+                [
+                    [
+                        op["operator"],
+                        op["calls"],
+                        number(op["total_us"]),
+                        number(op["us_per_call"]),
+                        f"{op['total_us'] / kernels:.0%}",
+                    ]
+                    for op in run["operators"]
+                ],
+            )  # fmt: skip
         )
     return [], "\n\n".join(parts)
 
@@ -253,7 +271,9 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
         [[r["op"], r["logits"], r["rows"], r["vocab"], r["passes"], number(r["median_us"]), number(r["effective_tbps"])]
          for r in shown],
     )  # fmt: skip
-    verdict = f"Bar (every case at S = {data['bar_shape'][0]}, V = {data['bar_shape'][1]} within {data['bar_us']:.0f} µs): "
+    verdict = (
+        f"Bar (every case at S = {data['bar_shape'][0]}, V = {data['bar_shape'][1]} within {data['bar_us']:.0f} µs): "
+    )
     return names, verdict + f"**{'met' if data['bar_met'] else 'missed'}**.\n\n" + body
 
 
@@ -285,14 +305,18 @@ def throughput(data: dict, figures: Path) -> tuple[list[str], str]:
     if "hf_generate_subset" in data:
         runs.append(("HF generate (64 requests)", data["hf_generate_subset"]["useful_output_tok_per_s"]))
     figure, axis = plt.subplots(figsize=(6, 3.0))
-    axis.barh([name for name, _ in runs], [value for _, value in runs], color=["#2980b9", "#e67e22", "#999999"][: len(runs)])
+    axis.barh(
+        [name for name, _ in runs], [value for _, value in runs], color=["#2980b9", "#e67e22", "#999999"][: len(runs)]
+    )
     axis.invert_yaxis()
     axis.set_xlabel("output tokens/s")
     axis.set_title(f"Offline throughput, {data['model']}: {measured_by(data)}", fontsize=9)
     figure.tight_layout()
     names = [save(figure, figures / "throughput.png")]
-    rows = [[mode, data[mode]["output_tokens"], number(data[mode]["seconds"]), number(data[mode]["output_tok_per_s"], 5)]
-            for mode in ("continuous", "static")]  # fmt: skip
+    rows = [
+        [mode, data[mode]["output_tokens"], number(data[mode]["seconds"]), number(data[mode]["output_tok_per_s"], 5)]
+        for mode in ("continuous", "static")
+    ]
     if "hf_generate_subset" in data:
         h = data["hf_generate_subset"]
         rows.append(["HF generate (64 requests)", h["useful_output_tokens"], number(h["seconds"]),
@@ -328,7 +352,8 @@ def serve(data: dict, figures: Path) -> tuple[list[str], str]:
          for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")],
     )  # fmt: skip
     setup = (f"Model {config['model']}, {config['num_prompts']} prompts of {config['input_len']} words, "
-             f"{config['output_len']} output tokens, server metrics after the run: `{json.dumps(config['server_metrics'])}`.")  # fmt: skip
+             f"{config['output_len']} output tokens, server metrics after the run: "
+             f"`{json.dumps(config['server_metrics'])}`.")  # fmt: skip
     return names, setup + "\n\n" + summary + "\n\n" + latencies
 
 

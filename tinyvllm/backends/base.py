@@ -65,30 +65,56 @@ class ModelOperators(Protocol):
     def gather_rows(self, indices: DeviceArray, source: DeviceArray, out: Output) -> None:
         """out[i] = source[indices[i]]: the rows that sample."""
 
-    def linear(self, x: DeviceArray, weight: Weight, out: Output, norm: RMSNorm | None = None,
-               accumulate: bool = False) -> None:
+    def linear(
+        self, x: DeviceArray, weight: Weight, out: Output, norm: RMSNorm | None = None, accumulate: bool = False
+    ) -> None:
         """out = x @ weight^T; of rmsnorm(x) * norm.weight with `norm` (the normed rows may
         go to norm.normed); out += the product with `accumulate`."""
 
-    def linear_rope_write_kv(self, x: DeviceArray, weight: Weight, qkv: Buffer, positions: DeviceArray,
-                             inv_freq: DeviceArray, slot_mapping: DeviceArray, q: Output, k_cache: Output,
-                             v_cache: Output, norm: RMSNorm | None = None) -> None:
+    def linear_rope_write_kv(
+        self,
+        x: DeviceArray,
+        weight: Weight,
+        qkv: Buffer,
+        positions: DeviceArray,
+        inv_freq: DeviceArray,
+        slot_mapping: DeviceArray,
+        q: Output,
+        k_cache: Output,
+        v_cache: Output,
+        norm: RMSNorm | None = None,
+    ) -> None:
         """[q | k | v] = x @ weight^T (`norm` as in `linear`), q and k rotated (RoPE), k and v
         written to the caches at slot_mapping (-1: no write)."""
 
-    def linear_silu_mul(self, x: DeviceArray, weight: Weight, gate_up: Buffer, out: Output,
-                        norm: RMSNorm | None = None) -> None:
+    def linear_silu_mul(
+        self, x: DeviceArray, weight: Weight, gate_up: Buffer, out: Output, norm: RMSNorm | None = None
+    ) -> None:
         """out = silu(gate) * up of x @ weight^T, weight's rows interleaving gate and up
         (`norm` as in `linear`)."""
 
-    def prefill_attention(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
-                          block_tables: DeviceArray, cu_seqlens_q: DeviceArray, context_lens: DeviceArray,
-                          out: Output) -> None:
+    def prefill_attention(
+        self,
+        q: DeviceArray,
+        k_cache: DeviceArray,
+        v_cache: DeviceArray,
+        block_tables: DeviceArray,
+        cu_seqlens_q: DeviceArray,
+        context_lens: DeviceArray,
+        out: Output,
+    ) -> None:
         """Causal attention of each sequence's query rows over its paged context."""
 
-    def decode_attention(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
-                         block_tables: DeviceArray, context_lens: DeviceArray, out: Output,
-                         scratch: Scratch) -> None:
+    def decode_attention(
+        self,
+        q: DeviceArray,
+        k_cache: DeviceArray,
+        v_cache: DeviceArray,
+        block_tables: DeviceArray,
+        context_lens: DeviceArray,
+        out: Output,
+        scratch: Scratch,
+    ) -> None:
         """Attention of one query row per sequence over its paged context."""
 
 
@@ -99,8 +125,17 @@ class SamplerOperators(Protocol):
         """token_ids[t] = sampled[token_sources[t]] where token_sources[t] >= 0: the tokens
         the previous step sampled, into the rows that wait for them."""
 
-    def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
-               seeds: DeviceArray, positions: DeviceArray, out: Output, scratch: Scratch) -> None:
+    def sample(
+        self,
+        logits: DeviceArray,
+        temperature: DeviceArray,
+        top_k: DeviceArray,
+        top_p: DeviceArray,
+        seeds: DeviceArray,
+        positions: DeviceArray,
+        out: Output,
+        scratch: Scratch,
+    ) -> None:
         """out[s] = a token drawn from row s of logits with row s's parameters (0: greedy)."""
 
 
@@ -178,7 +213,6 @@ class Backend(ModelOperators, SamplerOperators, Memory, Events, Graphs, Protocol
 
     name: str
     """A label for messages ("numpy", "cuda"); behaviour follows the capabilities, not it."""
-
 
 
 def methods(protocol: type) -> dict[str, inspect.Signature]:

@@ -144,18 +144,38 @@ class CudaBackend:
         embedding.embedding(indices, source, out, stream=self.stream)
 
     def linear(self, x, weight, out, norm=None, accumulate=False) -> None:
-        linear(x, weight, out, kernel=self.variants.product(x.shape[0]), norm=norm, accumulate=accumulate,
-               stream=self.stream)
+        linear(
+            x,
+            weight,
+            out,
+            kernel=self.variants.product(x.shape[0]),
+            norm=norm,
+            accumulate=accumulate,
+            stream=self.stream,
+        )
 
     def linear_rope_write_kv(
         self, x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=None
     ) -> None:
-        linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
-                             kernel=self.variants.product(x.shape[0]), norm=norm, stream=self.stream)
+        linear_rope_write_kv(
+            x,
+            weight,
+            qkv,
+            positions,
+            inv_freq,
+            slot_mapping,
+            q,
+            k_cache,
+            v_cache,
+            kernel=self.variants.product(x.shape[0]),
+            norm=norm,
+            stream=self.stream,
+        )
 
     def linear_silu_mul(self, x, weight, gate_up, out, norm=None) -> None:
-        linear_silu_mul(x, weight, gate_up, out, kernel=self.variants.product(x.shape[0]), norm=norm,
-                        stream=self.stream)
+        linear_silu_mul(
+            x, weight, gate_up, out, kernel=self.variants.product(x.shape[0]), norm=norm, stream=self.stream
+        )
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(

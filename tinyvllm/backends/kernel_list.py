@@ -52,8 +52,15 @@ def load_model_config(path: str | Path):
     return ModelConfig.from_dict(json.loads(path.read_text()), source=str(path))
 
 
-def decode_step_kernels(config, batch: int, *, context: int = DEFAULT_CONTEXT, num_sms: int = H200_SMS,
-                        cublas_available: bool = True, **engine_options) -> list:
+def decode_step_kernels(
+    config,
+    batch: int,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    num_sms: int = H200_SMS,
+    cublas_available: bool = True,
+    **engine_options,
+) -> list:
     """The OperatorCalls, in launch order, of one decode step of `batch` sequences of
     `context` cached tokens each, as the CUDA engine built with `engine_options` (the
     EngineConfig fields: linear_backend, max_model_len, block_size, max_num_seqs,
@@ -149,8 +156,12 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
 
     parser = subcommands.add_parser("kernels", help="the kernels one decode step launches on the GPU, from the config")
     parser.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
-    parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
-                        help=f"cached tokens per sequence (default {DEFAULT_CONTEXT}; the kernels do not depend on it)")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=DEFAULT_CONTEXT,
+        help=f"cached tokens per sequence (default {DEFAULT_CONTEXT}; the kernels do not depend on it)",
+    )
     parser.add_argument("--sms", type=int, default=H200_SMS, help=f"the GPU's SM count (default {H200_SMS}, the H200)")
     parser.add_argument("--no-cublas", action="store_true", help="a GPU without cuBLAS (CuPy not installed)")
     add_engine_arguments(parser)
@@ -167,9 +178,18 @@ def run_kernels(args: argparse.Namespace) -> None:
         raise ValueError("model: give a model directory or its config.json")
     config = load_model_config(args.model)
     engine = engine_config(args)
-    calls = decode_step_kernels(config, args.batch, context=args.context, num_sms=args.sms,
-                                cublas_available=not args.no_cublas, **dataclasses.asdict(engine))
+    calls = decode_step_kernels(
+        config,
+        args.batch,
+        context=args.context,
+        num_sms=args.sms,
+        cublas_available=not args.no_cublas,
+        **dataclasses.asdict(engine),
+    )
     cublas = "without cuBLAS" if args.no_cublas else "with cuBLAS"
-    print(f"{args.model}: one decode step of {args.batch} sequences on a GPU of {args.sms} SMs {cublas}, "
-          f"linear_backend {engine.linear_backend!r}")
+    print(
+        f"{args.model}: one decode step of {args.batch} sequence{'s' if args.batch > 1 else ''} "
+        f"on a GPU of {args.sms} SMs {cublas}, "
+        f"linear_backend {engine.linear_backend!r}"
+    )
     print(format_kernels(calls, config.num_hidden_layers))

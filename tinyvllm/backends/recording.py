@@ -156,8 +156,9 @@ class RecordingBackend:
         self._record("linear_rope_write_kv", *launches)
 
     def linear_silu_mul(self, x, weight, gate_up, out, norm=None) -> None:
-        self._record("linear_silu_mul", *self.variants.product_launches("linear_silu_mul", x.shape[0],
-                                                                        norm is not None))
+        self._record(
+            "linear_silu_mul", *self.variants.product_launches("linear_silu_mul", x.shape[0], norm is not None)
+        )
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         self._record("prefill_attention", KernelLaunch("prefill_attention"))

@@ -62,6 +62,8 @@ def product_kernel(linear_backend: str, rows: int, cublas_available: bool) -> st
     if linear_backend in ("auto", "numba"):
         return "gemv" if rows <= GEMV_ROWS else "tiled"
     return linear_backend
+
+
 # --8<-- [end:dispatch]
 
 
@@ -77,6 +79,8 @@ def decode_partitions(num_seqs: int, num_kv_heads: int, max_context_len: int, ma
     by_occupancy = max_grid // max(1, num_seqs * num_kv_heads)
     by_length = max_context_len // MIN_PARTITION_TOKENS
     return max(1, min(by_occupancy, by_length, MAX_PARTITIONS))
+
+
 # --8<-- [end:partitions]
 
 

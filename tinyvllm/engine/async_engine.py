@@ -175,6 +175,7 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
+
     # --8<-- [end:run]
 
     def _add(self, command: _Add) -> None:

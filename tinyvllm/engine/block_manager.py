@@ -83,6 +83,7 @@ class BlockAllocator:
         released = ids[self._ref_counts[ids] == 0]
         self._free_stack[self._top : self._top + released.size] = released
         self._top += released.size
+
     # --8<-- [end:allocate-free]
 
     def _checked(self, block_ids) -> np.ndarray:

@@ -92,4 +92,6 @@ class DecodeGraphs:
         buffers: StepBuffers = runner.buffers
         buffers.stage(pad_decode_step(step, size))
         runner.backend.launch_graph(self.graphs[size])
+
+
 # --8<-- [end:graphs]

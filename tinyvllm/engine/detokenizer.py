@@ -69,6 +69,8 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.text += new_text
         return new_text
+
+
 # --8<-- [end:incremental]
 
 

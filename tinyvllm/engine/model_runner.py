@@ -29,8 +29,9 @@ from tinyvllm.sampling_params import SamplingParams
 
 
 class ModelRunner:
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend,
-                 limits: ResolvedEngineConfig):
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, np.ndarray], backend: Backend, limits: ResolvedEngineConfig
+    ):
         self.config = config
         self.backend = backend
         self.limits = limits
@@ -72,6 +73,7 @@ class ModelRunner:
         self.kv_arena = None
         self.kv_caches = []
         self.num_blocks = 0
+
     # --8<-- [end:warm-up]
 
     # --8<-- [start:execute]
@@ -106,9 +108,16 @@ class ModelRunner:
         logits = self.model.forward(inputs, self.kv_caches, self.workspace)
         sampled = self.backend.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
         self.backend.sample(
-            logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seeds, inputs.sample_positions, sampled,
+            logits,
+            inputs.temperature,
+            inputs.top_k,
+            inputs.top_p,
+            inputs.seeds,
+            inputs.sample_positions,
+            sampled,
             self.workspace.sample_scratch,
         )
+
     # --8<-- [end:execute]
 
 
@@ -139,4 +148,6 @@ def kv_arena_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tup
 
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype) -> int:
     return int(np.prod(kv_arena_shape(config, 1, block_size))) * np.dtype(dtype).itemsize
+
+
 # --8<-- [end:arena-shape]

@@ -125,6 +125,7 @@ class Scheduler:
             )
         self.waiting.append(seq)
         self._unfinished[seq.request_id] = seq
+
     # --8<-- [end:add]
 
     def abort(self, request_id: str) -> bool:
@@ -190,6 +191,7 @@ class Scheduler:
             samples=np.array([seq.num_computed_tokens + n == seq.num_tokens for seq, n in scheduled]),
             num_decodes=len(decodes),
         )
+
     # --8<-- [end:schedule]
 
     # --8<-- [start:launched]
@@ -205,6 +207,7 @@ class Scheduler:
                 seq.pending_sample_row = len(batch.pending_indices)
                 batch.pending_indices.append(seq.num_tokens)
                 seq.append_token(PENDING_TOKEN)
+
     # --8<-- [end:launched]
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: np.ndarray) -> list[Sequence]:
@@ -216,9 +219,7 @@ class Scheduler:
         by the step before) are skipped."""
         sampled = np.asarray(sampled_token_ids)
         if sampled.shape != (batch.num_samples,):
-            raise ValueError(
-                f"sampled_token_ids must have shape ({batch.num_samples},), got {sampled.shape}"
-            )
+            raise ValueError(f"sampled_token_ids must have shape ({batch.num_samples},), got {sampled.shape}")
         sampling = [seq for seq, samples in zip(batch.seqs, batch.samples.tolist()) if samples]
         finished = []
         for seq, index, token in zip(sampling, batch.pending_indices, sampled.tolist()):
@@ -255,6 +256,7 @@ class Scheduler:
             return False
         seq.block_table.extend(self.allocator.allocate(missing).tolist())
         return True
+
     # --8<-- [end:grow]
 
     # --8<-- [start:preempt]
@@ -265,6 +267,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
     # --8<-- [end:preempt]
 
     # --8<-- [start:admit]
@@ -294,6 +297,7 @@ class Scheduler:
                 break
             free -= need
             self._static_batch.add(seq.request_id)
+
     # --8<-- [end:admit]
 
     @staticmethod

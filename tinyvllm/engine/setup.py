@@ -51,4 +51,6 @@ def build_runner(model_config: ModelConfig, weights, config: ResolvedEngineConfi
     if backend.can_capture_graphs and not config.enforce_eager:
         runner.capture_decode_graphs()
     return runner
+
+
 # --8<-- [end:kv-sizing]

@@ -38,9 +38,7 @@ HostStep = step_class(
 def empty_step(max_blocks_per_seq: int) -> HostStep:
     """A step of no sequences. Padded up to a graph bucket, every row of it is a padding
     row: the template the decode graphs are captured from."""
-    return HostStep(
-        *[np.zeros(field.extent.shape(0, 0, max_blocks_per_seq), field.dtype) for field in STEP_FIELDS], 0
-    )
+    return HostStep(*[np.zeros(field.extent.shape(0, 0, max_blocks_per_seq), field.dtype) for field in STEP_FIELDS], 0)
 
 
 # --8<-- [start:build-step]
@@ -95,6 +93,8 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
         sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
         num_decode=batch.num_decodes,
     )
+
+
 # --8<-- [end:build-step]
 
 

@@ -63,6 +63,8 @@ def _silu_mul_kernel(gate_up, out):
         result[i] = silu_times(first_pairs[2 * i], first_pairs[2 * i + 1])
         result[half + i] = silu_times(last_pairs[2 * i], last_pairs[2 * i + 1])
     store_bf16x8(out[row], column, result)
+
+
 # --8<-- [end:kernel]
 
 

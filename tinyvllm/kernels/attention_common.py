@@ -40,6 +40,8 @@ def rescale(old_max, new_max):
     if old_max == -math.inf:
         return float32(0.0)
     return math.exp2(old_max - new_max)
+
+
 # --8<-- [end:rescale]
 
 

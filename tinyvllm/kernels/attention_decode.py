@@ -82,6 +82,8 @@ def partition_tokens(context_len, num_partitions, step):
     """
     steps = (context_len + num_partitions * step - 1) // (num_partitions * step)
     return steps * step
+
+
 # --8<-- [end:partition]
 
 
@@ -185,8 +187,18 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
                     k_words[u, w] = k_loaded[w]
                     v_words[u, w] = v_loaded[w]
             if base + step < end:
-                locate(table, base + step, end, token_group, shift, row_mask, row_stride, block_stride, head_offset,
-                       offsets)
+                locate(
+                    table,
+                    base + step,
+                    end,
+                    token_group,
+                    shift,
+                    row_mask,
+                    row_stride,
+                    block_stride,
+                    head_offset,
+                    offsets,
+                )
                 prefetch_step(k_flat, v_flat, offsets)
             for u in range(tokens_per_step):
                 for g in range(group):

@@ -89,6 +89,8 @@ def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out)
                     total += values[i] * weight
             running_max = merged_max
         out[seq, head, d] = f32_to_bf16(total / running_sum)
+
+
 # --8<-- [end:merge]
 
 

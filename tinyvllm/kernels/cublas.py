@@ -105,6 +105,7 @@ class _Cublas:
             self.call("cublasSetStream_v2", self.handle, stream)
             self.call("cublasSetWorkspace_v2", self.handle, data_pointer(self.workspace), WORKSPACE_BYTES)
             self.stream = stream
+
     # --8<-- [end:stream]
 
 
@@ -153,4 +154,6 @@ def cublas_gemm(x, weight, out, *, accumulate: bool = False, stream=0) -> None:
         CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT,
     )
+
+
 # --8<-- [end:gemm-ex]

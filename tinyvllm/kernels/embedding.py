@@ -53,6 +53,8 @@ def _embedding_kernel(token_ids, table, out):
             store_words(out[token], column, load_words(table[token_id], column))
         else:
             store_words(out[token], column, (nan, nan, nan, nan))
+
+
 # --8<-- [end:kernel]
 
 

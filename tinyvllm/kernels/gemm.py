@@ -156,6 +156,8 @@ def _rank_one_update(acc, a_frag, b_frag, a_tiles, b_tiles, buffer, k, tm, tn):
     for i in range(MICRO):
         for j in range(MICRO):
             acc[i, j] += a_frag[i] * b_frag[j]
+
+
 # --8<-- [end:rank-one]
 
 
@@ -223,6 +225,8 @@ def gemm_kernel(read_chunk, store):
                         store(out, row, col, acc[i, j])
 
     return gemm
+
+
 # --8<-- [end:kernel]
 
 

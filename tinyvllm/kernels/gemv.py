@@ -141,8 +141,17 @@ def store_sums(store, m_rows: int, rows_per_block: int):
 
 
 @functools.cache
-def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block: int, depth: int,
-                weight_row=consecutive_rows, normalize: bool = False, accumulate: bool = False):
+def gemv_kernel(
+    m_rows: int,
+    read_chunk,
+    epilogue,
+    threads: int,
+    rows_per_block: int,
+    depth: int,
+    weight_row=consecutive_rows,
+    normalize: bool = False,
+    accumulate: bool = False,
+):
     """The kernel for exactly m_rows rows of X and one chunk reader, for blocks of `threads`
     threads (a power of two) that load `depth` chunks a thread before using any:
     gemv(x, weight, out), or with `normalize` gemv(x, gain, eps, weight, out), the product
@@ -283,6 +292,7 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
     bounds = launch_bounds(threads, resident) if m_rows == 1 else {}
 
     if normalize:
+
         @cuda.jit(**bounds)
         def gemv_normalized(x, gain, eps, weight, out):
             run(x, gain, eps, weight, out)
@@ -294,6 +304,8 @@ def gemv_kernel(m_rows: int, read_chunk, epilogue, threads: int, rows_per_block:
         run(x, x, float32(0.0), weight, out)  # only a normalizing kernel reads the gain
 
     return gemv
+
+
 # --8<-- [end:kernel]
 
 
@@ -301,12 +313,28 @@ def gemv(x, weight, out, *, norm: RMSNorm | None = None, accumulate: bool = Fals
     """out[M, N] = x[M, K] @ weight[N, K]^T for M <= MAX_ROWS, one pass over weight; of
     rmsnorm(x) * norm.weight with `norm`, and added to out (bf16) with `accumulate`."""
     check_linear(x, weight, out, accumulate=accumulate)
-    launch(x, weight, out, functools.partial(store_sums, STORES[np.dtype(out.dtype)]), norm=norm,
-           accumulate=accumulate, stream=stream)
+    launch(
+        x,
+        weight,
+        out,
+        functools.partial(store_sums, STORES[np.dtype(out.dtype)]),
+        norm=norm,
+        accumulate=accumulate,
+        stream=stream,
+    )
 
 
-def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, norm: RMSNorm | None = None,
-           accumulate: bool = False, stream=0) -> None:
+def launch(
+    x,
+    weight,
+    out,
+    make_epilogue,
+    weight_row=consecutive_rows,
+    *,
+    norm: RMSNorm | None = None,
+    accumulate: bool = False,
+    stream=0,
+) -> None:
     """The kernel for x's row count over all of weight's rows (x, weight and out already
     checked; the norm is checked here); make_epilogue(M, rows_per_block) gives its
     epilogue for the launch shape chosen."""
@@ -320,8 +348,17 @@ def launch(x, weight, out, make_epilogue, weight_row=consecutive_rows, *, norm: 
     # The gain needs no test of its own: check_norm has found its rows whole and aligned.
     read_chunk = read_chunk_whole if rows_of_eight(x, weight) else read_chunk_ragged
     threads, rows_per_block, depth, blocks = launch_shape(k, weight.shape[0], m, multiprocessor_count(), normalize)
-    kernel = gemv_kernel(m, read_chunk, make_epilogue(m, rows_per_block), threads, rows_per_block, depth, weight_row,
-                         normalize, accumulate)
+    kernel = gemv_kernel(
+        m,
+        read_chunk,
+        make_epilogue(m, rows_per_block),
+        threads,
+        rows_per_block,
+        depth,
+        weight_row,
+        normalize,
+        accumulate,
+    )
     if normalize:
         kernel[blocks, threads, stream](x, gain, np.float32(norm.eps), weight, out)
     else:
@@ -337,8 +374,14 @@ def launch_shape(k: int, n: int, m: int, num_sms: int, normalize: bool = False) 
     threads = min(MAX_THREADS, max(MIN_THREADS, 1 << max(0, share.bit_length() - 1)))
     wide = m == 1 and n >= WIDE_OUTPUT
     rows_per_block = 4 if k > LONG_ROW or wide else 2
-    depth = max(1, min(-(-chunks // threads), WORD_BUDGET // ((rows_per_block + m + normalize) * WORDS),
-                       UNROLLED_PRODUCTS // ((rows_per_block + normalize) * m)))
+    depth = max(
+        1,
+        min(
+            -(-chunks // threads),
+            WORD_BUDGET // ((rows_per_block + m + normalize) * WORDS),
+            UNROLLED_PRODUCTS // ((rows_per_block + normalize) * m),
+        ),
+    )
     groups = -(-n // rows_per_block)
     blocks = min(groups, BLOCKS_PER_SM * num_sms) if m == 1 else groups
     return threads, rows_per_block, depth, blocks

@@ -91,11 +91,14 @@ def store_rope_write_kv(head_dim: int, m_rows: int, rows_per_block: int):
         destination[i + half] = f32_to_bf16(b * cos + a * sin)
 
     return epilogue
+
+
 # --8<-- [end:epilogue]
 
 
-def gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
-                       norm: RMSNorm | None = None, stream=0) -> None:
+def gemv_rope_write_kv(
+    x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *, norm: RMSNorm | None = None, stream=0
+) -> None:
     """What `rope.rope_write_kv` writes for qkv = x[M, K] @ weight[N, K]^T, in one pass over
     weight and without storing qkv (M <= gemv.MAX_ROWS); `norm` as in `gemv.gemv`."""
     m, k = check_array("x", x, np.uint16, (None, None))
@@ -104,5 +107,12 @@ def gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache,
     if min(m, width, k) == 0:
         raise ValueError(f"linear: empty operand (M={m}, N={width}, K={k})")
     out = (q, k_cache, v_cache, positions, inv_freq, slot_mapping)
-    launch(x, weight, out, functools.partial(store_rope_write_kv, head_dim), rotation_pairs(head_dim), norm=norm,
-           stream=stream)
+    launch(
+        x,
+        weight,
+        out,
+        functools.partial(store_rope_write_kv, head_dim),
+        rotation_pairs(head_dim),
+        norm=norm,
+        stream=stream,
+    )

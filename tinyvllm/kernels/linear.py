@@ -35,8 +35,7 @@ LAUNCHERS = {"cublas": cublas.cublas_gemm, "tiled": gemm, "gemv": gemv}
 
 
 # --8<-- [start:dispatch]
-def linear(x, weight, out, *, kernel: str, norm: RMSNorm | None = None, accumulate: bool = False,
-           stream=0) -> None:
+def linear(x, weight, out, *, kernel: str, norm: RMSNorm | None = None, accumulate: bool = False, stream=0) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T (bf16 in, float32 sums, bf16 or float32 out);
     of rmsnorm(x) * norm.weight with `norm`; out += the product (bf16) with `accumulate`."""
     check_linear(x, weight, out, accumulate=accumulate)
@@ -59,6 +58,8 @@ def normed_rows(x, norm: RMSNorm | None, stream):
         return x
     rmsnorm(x, norm.weight, norm.eps, norm.normed, out_name="normed", stream=stream)
     return norm.normed
+
+
 # --8<-- [end:dispatch]
 
 
@@ -83,8 +84,21 @@ def linear_silu_mul(x, weight, gate_up, out, *, kernel: str, norm: RMSNorm | Non
         silu_mul(gate_up, out, stream=stream)
 
 
-def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *,
-                         kernel: str, norm: RMSNorm | None = None, stream=0) -> None:
+def linear_rope_write_kv(
+    x,
+    weight,
+    qkv,
+    positions,
+    inv_freq,
+    slot_mapping,
+    q,
+    k_cache,
+    v_cache,
+    *,
+    kernel: str,
+    norm: RMSNorm | None = None,
+    stream=0,
+) -> None:
     """q, k_cache and v_cache as `rope.rope_write_kv` writes them from qkv = x @ weight^T.
 
     The GEMV turns the pairs in its store (`gemv_rope.gemv_rope_write_kv`) and leaves qkv
@@ -96,8 +110,7 @@ def linear_rope_write_kv(x, weight, qkv, positions, inv_freq, slot_mapping, q, k
     check_rope_targets(m, n, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")
     check_kernel(kernel)
     if kernel == "gemv":
-        gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm,
-                           stream=stream)
+        gemv_rope_write_kv(x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, norm=norm, stream=stream)
     else:
         LAUNCHERS[kernel](normed_rows(x, norm, stream), weight, qkv, stream=stream)
         rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, stream=stream)

@@ -50,6 +50,8 @@ def ordered_key(value):
     if bits & _SIGN:
         return bits ^ _LOW32
     return bits | _SIGN
+
+
 # --8<-- [end:ordered-key]
 
 
@@ -129,8 +131,18 @@ def _select_bin(hist_high, hist_low, num_bins, target, fraction, scan, choice):
 
 @cuda.jit(device=True, inline=True)
 def radix_select(
-    logits, row, floor_key, target, fraction, by_mass, max_logit, inv_temperature,
-    hist_high, hist_low, scan, choice,
+    logits,
+    row,
+    floor_key,
+    target,
+    fraction,
+    by_mass,
+    max_logit,
+    inv_temperature,
+    hist_high,
+    hist_low,
+    scan,
+    choice,
 ):
     """The largest key t with weight{i : key_i >= t, key_i >= floor_key} >= target.
 

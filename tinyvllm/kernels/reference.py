@@ -33,6 +33,8 @@ def to_bf16(values: np.ndarray) -> np.ndarray:
 def from_bf16(bits: np.ndarray) -> np.ndarray:
     """uint16 bf16 bits -> float32 (exact)."""
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 # --8<-- [end:bf16]
 
 
@@ -78,9 +80,7 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return x @ weight.T
 
 
-def write_kv(
-    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray
-) -> None:
+def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray) -> None:
     """Scatter each token's K and V into its cache slot (in place); a negative slot is padding,
     and a slot past the end of the cache is skipped too."""
     num_blocks, block_size = k_cache.shape[:2]

@@ -79,6 +79,8 @@ def _normalize_and_store(words, gains, eps, out_row):
                 pack_pair(low_half(w3) * scale * low_half(g3), high_half(w3) * scale * high_half(g3)),
             )
             store_words(out_row, column, normalized)
+
+
 # --8<-- [end:normalize]
 
 
@@ -121,4 +123,6 @@ def rmsnorm(x, weight, eps: float, out, *, out_name: str = "out", stream=0) -> N
     if num_tokens == 0:
         return
     _rmsnorm_kernel[num_tokens, _threads_for(hidden), stream](x, weight, np.float32(eps), out)
+
+
 # --8<-- [end:launcher]

@@ -110,6 +110,8 @@ def _rope_write_kv_kernel(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_
             value = v_cache[block, row, head - num_q_heads - num_kv_heads]
             store_words(value, first, load_words(source, start + first))
             store_words(value, first + half, load_words(source, start + first + half))
+
+
 # --8<-- [end:kernel]
 
 
@@ -117,8 +119,9 @@ def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *
     """Rotate the q and k parts of qkv [T, (Hq + 2 Hkv) * D] by positions int32[T]; write q
     [T, Hq, D], and k and v into k_cache, v_cache [NB, BS, Hkv, D] at slot_mapping int32[T]."""
     num_tokens, width = check_rows_of_eight("qkv", qkv, (None, None))
-    _, num_q_heads, head_dim = check_rope_targets(num_tokens, width, positions, inv_freq, slot_mapping, q, k_cache,
-                                                  v_cache)
+    _, num_q_heads, head_dim = check_rope_targets(
+        num_tokens, width, positions, inv_freq, slot_mapping, q, k_cache, v_cache
+    )
     if num_tokens == 0:
         return
     num_kv_heads = k_cache.shape[2]
@@ -129,8 +132,9 @@ def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *
     )
 
 
-def check_rope_targets(num_tokens: int, width: int, positions, inv_freq, slot_mapping, q, k_cache, v_cache,
-                       product: str = "qkv") -> tuple[int, int, int]:
+def check_rope_targets(
+    num_tokens: int, width: int, positions, inv_freq, slot_mapping, q, k_cache, v_cache, product: str = "qkv"
+) -> tuple[int, int, int]:
     """Validate what RoPE + KV write reads and writes for a q|k|v product of num_tokens
     rows of `width` features (named `product` in errors); returns q's shape (T, Hq, D)."""
     _, num_q_heads, head_dim = check_rows_of_eight("q", q, (num_tokens, None, None))

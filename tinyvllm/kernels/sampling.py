@@ -150,6 +150,8 @@ def _gumbel_candidate(logits, row, begin, end, floor_key, inv_temperature, seed,
                 if argmax_better(score, i, best_value, best_index):
                     best_value, best_index = score, int32(i)
     return best_value, best_index
+
+
 # --8<-- [end:gumbel-argmax]
 
 
@@ -175,15 +177,15 @@ def _part_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_size, p
         value, index = _argmax_candidate(logits, row, begin, end)
     else:
         inv_temperature = float32(1.0) / temperature[row]
-        value, index = _gumbel_candidate(
-            logits, row, begin, end, uint64(0), inv_temperature, seeds[row], offsets[row]
-        )
+        value, index = _gumbel_candidate(logits, row, begin, end, uint64(0), inv_temperature, seeds[row], offsets[row])
     best = block_argmax(value, index, values, indices)
     # block_argmax tells every thread the winning index only; the winner's own thread stores
     # its value, which a recomputed score could round differently.
     if index == best:
         part_values[row, part] = value
         part_indices[row, part] = best
+
+
 # --8<-- [end:part-kernel]
 
 
@@ -216,27 +218,45 @@ def _sample_kernel(logits, temperature, top_k, top_p, seeds, offsets, part_value
         floor_key = uint64(0)
         if 0 < top_k[row] < vocab:
             floor_key = radix_select(
-                logits, row, floor_key, uint64(top_k[row]), 0.0, False, float32(0.0), inv_temperature,
-                hist_high, hist_low, scan, choice,
+                logits,
+                row,
+                floor_key,
+                uint64(top_k[row]),
+                0.0,
+                False,
+                float32(0.0),
+                inv_temperature,
+                hist_high,
+                hist_low,
+                scan,
+                choice,
             )
         if top_p[row] < 1:
             max_logit = _row_max(logits, row, values)
             floor_key = radix_select(
-                logits, row, floor_key, uint64(1), float64(top_p[row]), True, max_logit, inv_temperature,
-                hist_high, hist_low, scan, choice,
+                logits,
+                row,
+                floor_key,
+                uint64(1),
+                float64(top_p[row]),
+                True,
+                max_logit,
+                inv_temperature,
+                hist_high,
+                hist_low,
+                scan,
+                choice,
             )
-        value, index = _gumbel_candidate(
-            logits, row, 0, vocab, floor_key, inv_temperature, seeds[row], offsets[row]
-        )
+        value, index = _gumbel_candidate(logits, row, 0, vocab, floor_key, inv_temperature, seeds[row], offsets[row])
     token = block_argmax(value, index, values, indices)
     if cuda.threadIdx.x == 0:
         out[row] = token
+
+
 # --8<-- [end:sample-kernel]
 
 
-def sample(
-    logits, temperature, top_k, top_p, seeds, offsets, out, part_values, part_indices, *, stream=0
-) -> None:
+def sample(logits, temperature, top_k, top_p, seeds, offsets, out, part_values, part_indices, *, stream=0) -> None:
     """out[s] = a token drawn from row s (module docstring), with row s's own parameters.
 
     logits float32[S, V]; temperature float32[S] (0 = greedy); top_k int32[S] (-1 = all);
@@ -269,4 +289,3 @@ def sample(
         _sample_kernel[num_rows, BLOCK, stream](
             logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out
         )
-

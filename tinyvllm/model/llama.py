@@ -60,6 +60,8 @@ class Workspace:
         self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
         self.decode_scratch = backend.decode_scratch(max_tokens, config)
         self.sample_scratch = backend.sample_scratch(max_sampled, config.vocab_size)
+
+
 # --8<-- [end:workspace]
 
 
@@ -68,9 +70,7 @@ class LlamaModel:
         self.config = config
         self.backend = backend
         self.embed_tokens = backend.weight(weights["model.embed_tokens.weight"])
-        self.lm_head = (
-            self.embed_tokens if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
-        )
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else backend.weight(weights["lm_head.weight"])
         self.norm = backend.weight(weights["model.norm.weight"])
         self.inv_freq = backend.constant(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling))
         self.layers = [self._layer(weights, f"model.layers.{i}.", backend) for i in range(config.num_hidden_layers)]
@@ -114,7 +114,15 @@ class LlamaModel:
         ops.embedding(step.token_ids, self.embed_tokens, residual)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             ops.linear_rope_write_kv(
-                residual, layer.qkv_proj, qkv, step.positions, self.inv_freq, step.slot_mapping, q, k_cache, v_cache,
+                residual,
+                layer.qkv_proj,
+                qkv,
+                step.positions,
+                self.inv_freq,
+                step.slot_mapping,
+                q,
+                k_cache,
+                v_cache,
                 RMSNorm(layer.input_norm, eps, normed),
             )
             if num_decode:
@@ -136,6 +144,7 @@ class LlamaModel:
         sampled_normed = rows(ws.sampled_normed, num_sampled)
         ops.linear(sampled_residual, self.lm_head, logits, RMSNorm(self.norm, eps, sampled_normed))
         return logits
+
     # --8<-- [end:forward]
 
 

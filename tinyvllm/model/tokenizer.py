@@ -125,6 +125,7 @@ class Tokenizer:
         """Prompt ids for a chat: the rendered template encoded without adding special tokens."""
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
         return self.encode(text, add_special_tokens=False)
+
     # --8<-- [end:chat]
 
 
@@ -170,4 +171,6 @@ def _compile(chat_template: str) -> jinja2.Template:
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment.from_string(chat_template)
+
+
 # --8<-- [end:jinja]

@@ -43,10 +43,23 @@ HEADER_LENGTH_BYTES = 8
 HEADER_ALIGNMENT = 8
 
 DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8, "C64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+    "C64": 8,
 }
 FLOAT_DTYPES = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
 WRITE_DTYPES = {np.dtype(np.uint16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
@@ -134,6 +147,8 @@ def _tensor_info(path: Path, name: str, entry, data_start: int, file_size: int) 
             f"(the data holds {file_size - data_start} bytes)"
         )
     return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
+
+
 # --8<-- [end:read-header]
 
 
@@ -177,9 +192,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 # --8<-- [start:save]
-def save_safetensors(
-    path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
-) -> None:
+def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write `tensors` as one safetensors file: uint16 as BF16, float16 as F16, float32 as F32.
 
     `metadata` defaults to {"format": "pt"}, which transformers requires to load the file.
@@ -211,6 +224,8 @@ def save_safetensors(
         file.write(header_bytes)
         for name in order:
             file.write(arrays[name].reshape(-1).view(np.uint8).data)
+
+
 # --8<-- [end:save]
 
 
@@ -234,6 +249,8 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
+
+
 # --8<-- [end:weight-shapes]
 
 
@@ -266,6 +283,8 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Weights:
     unexpected = tuple(sorted(name for name in present if name not in tensors))
     _warn_unexpected(unexpected, present, config)
     return Weights(tensors, unexpected)
+
+
 # --8<-- [end:load]
 
 

@@ -27,8 +27,14 @@ def stream_reply(engine: LLMEngine, messages: list[dict], params: SamplingParams
     return text
 
 
-def run_chat(model: str | None, engine_config: EngineConfig, params: SamplingParams, system: str | None = None,
-             stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+def run_chat(
+    model: str | None,
+    engine_config: EngineConfig,
+    params: SamplingParams,
+    system: str | None = None,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+) -> None:
     engine = LLMEngine(model, engine_config=engine_config)
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)

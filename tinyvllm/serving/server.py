@@ -215,6 +215,8 @@ async def stream_events(
     except EngineClosedError as error:
         yield _event(OpenAIError(503, str(error)).body())
     yield b"data: [DONE]\n\n"
+
+
 # --8<-- [end:stream-events]
 
 

@@ -34,4 +34,6 @@ def f32_to_bf16(value):
         return np.uint16((bits >> np.uint32(16)) | np.uint32(BF16_QUIET_NAN_BIT))
     rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
     return np.uint16(np.uint32(bits + rounding) >> np.uint32(16))
+
+
 # --8<-- [end:device]

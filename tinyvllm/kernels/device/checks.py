@@ -29,9 +29,7 @@ def check_array(name: str, array, dtype, shape: Sequence[int | None]) -> tuple[i
         raise ValueError(f"{name}: expected {len(shape)} dimensions, got shape {tuple(array.shape)}")
     for axis, (actual, expected) in enumerate(zip(array.shape, shape)):
         if expected is not None and actual != expected:
-            raise ValueError(
-                f"{name}: dimension {axis} is {actual}, expected {expected} (shape {tuple(array.shape)})"
-            )
+            raise ValueError(f"{name}: dimension {axis} is {actual}, expected {expected} (shape {tuple(array.shape)})")
     if not is_c_contiguous(array):
         raise ValueError(f"{name}: must be C-contiguous")
     return tuple(array.shape)

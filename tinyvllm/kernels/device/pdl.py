@@ -38,8 +38,12 @@ def _instructions():
         def instruction(typingctx):
             def codegen(context, builder, sig, args):
                 if cuda.get_current_device().compute_capability >= MIN_COMPUTE_CAPABILITY:
-                    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"griddepcontrol.{operation};",
-                                       "~{memory}", side_effect=True)
+                    asm = ir.InlineAsm(
+                        ir.FunctionType(ir.VoidType(), []),
+                        f"griddepcontrol.{operation};",
+                        "~{memory}",
+                        side_effect=True,
+                    )
                     builder.call(asm, [])
                 return context.get_dummy_value()
 
@@ -95,4 +99,6 @@ def programmatic_launches():
         yield
     finally:
         dispatcher.LaunchConfig = plain
+
+
 # --8<-- [end:launches]

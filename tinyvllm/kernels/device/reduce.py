@@ -59,6 +59,8 @@ def _shuffle_block_sum(value, scratch):
     cuda.syncthreads()
     value = scratch[lane] if lane < num_warps else float32(0.0)
     return _warp_sum(value)
+
+
 # --8<-- [end:shuffle]
 
 
@@ -92,6 +94,8 @@ def _tree_block_sum(value, scratch):
     total = scratch[0]
     cuda.syncthreads()
     return total
+
+
 # --8<-- [end:tree]
 
 
@@ -160,9 +164,7 @@ def _tree_block_argmax(value, index, scratch, index_scratch):
     stride = cuda.blockDim.x // 2
     while stride > 0:
         other = tid + stride
-        if tid < stride and argmax_better(
-            scratch[other], index_scratch[other], scratch[tid], index_scratch[tid]
-        ):
+        if tid < stride and argmax_better(scratch[other], index_scratch[other], scratch[tid], index_scratch[tid]):
             scratch[tid] = scratch[other]
             index_scratch[tid] = index_scratch[other]
         cuda.syncthreads()

@@ -50,4 +50,6 @@ def gumbel(key_1, key_2, index):
     bits = _mix32(_mix32(uint64(index) ^ key_1) ^ key_2)
     uniform = min(float32(bits) * TWO_POW_M32 + float32(0.5) * TWO_POW_M32, BELOW_ONE)
     return -math.log(-math.log1p(-uniform))
+
+
 # --8<-- [end:gumbel]

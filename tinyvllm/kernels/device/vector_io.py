@@ -65,6 +65,7 @@ def _wide_intrinsics():
             return context.make_tuple(builder, words_type, words)
 
         return words_type(row, index), codegen
+
     # --8<-- [end:load-words]
 
     @intrinsic
@@ -90,8 +91,9 @@ def _wide_intrinsics():
         def codegen(context, builder, sig, args):
             pointer = vector_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             address = builder.ptrtoint(pointer, ir.IntType(64))
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), "prefetch.global.L2 [$0];", "l",
-                               side_effect=True)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), "prefetch.global.L2 [$0];", "l", side_effect=True
+            )
             builder.call(asm, [address])
             return context.get_dummy_value()
 
@@ -145,6 +147,8 @@ def high_half(word):
 def pack_pair(low, high):
     """Two float32 -> one word of two bf16 (each rounded to nearest even)."""
     return np.uint32(np.uint32(f32_to_bf16(low)) | np.uint32(np.uint32(f32_to_bf16(high)) << np.uint32(16)))
+
+
 # --8<-- [end:halves]
 
 

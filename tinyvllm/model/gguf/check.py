@@ -31,9 +31,17 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 _GGML_TYPE_IDS = {tensor_type.value for tensor_type in GGMLType}
 _SCALARS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
 }
 # The fewest bytes one key/value pair and one tensor description can take: what a count must fit in.
 _MIN_KV_BYTES = 8 + 4 + 1
@@ -115,7 +123,9 @@ def _tensor_info(cursor: _Cursor, index: int) -> tuple[str, list[int], GGMLType,
     name = cursor.string(f"the name of tensor #{index}")
     n_dims = cursor.scalar("<I", f"the dimension count of {_quoted(name)}")
     if not 1 <= n_dims <= MAX_DIMS:
-        raise cursor.fail(f"tensor {_quoted(name)} has {n_dims} dimensions, which cannot be true (GGML has 1 to {MAX_DIMS})")
+        raise cursor.fail(
+            f"tensor {_quoted(name)} has {n_dims} dimensions, which cannot be true (GGML has 1 to {MAX_DIMS})"
+        )
     dims = list(struct.unpack(f"<{n_dims}Q", cursor.take(8 * n_dims, f"the dimensions of {_quoted(name)}")))
     type_id = cursor.scalar("<I", f"the type of {_quoted(name)}")
     if type_id not in _GGML_TYPE_IDS:
@@ -164,7 +174,8 @@ def check_gguf(path: str | Path, data: bytes | mmap.mmap) -> None:
         block_size, block_bytes = GGML_QUANT_SIZES[tensor_type]
         if dims[0] % block_size:
             raise cursor.fail(
-                f"tensor {_quoted(name)} has rows of {dims[0]} values, not whole {tensor_type.name} blocks of {block_size}"
+                f"tensor {_quoted(name)} has rows of {dims[0]} values, "
+                f"not whole {tensor_type.name} blocks of {block_size}"
             )
         elements = 1
         for dim in dims:

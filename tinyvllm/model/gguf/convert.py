@@ -68,8 +68,15 @@ _LAYER_NAMES = {
 _POSITIVE_INTEGERS = {
     f"llama.{key}"
     for key in (
-        "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
-        "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "vocab_size",
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "rope.dimension_count",
+        "vocab_size",
     )
 }
 _POSITIVE_NUMBERS = {"llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon", "llama.rope.scaling.factor"}
@@ -144,12 +151,12 @@ def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
     half = weight.shape[0] // num_heads // 2
     per_head = weight.reshape(num_heads, half, 2, *weight.shape[1:])
     return np.ascontiguousarray(per_head.swapaxes(1, 2).reshape(weight.shape))
+
+
 # --8<-- [end:undo-rope-permutation]
 
 
-def llama_config(
-    metadata: dict, tied: bool, source: Path | str = "GGUF", rope_freqs: np.ndarray | None = None
-) -> dict:
+def llama_config(metadata: dict, tied: bool, source: Path | str = "GGUF", rope_freqs: np.ndarray | None = None) -> dict:
     """The HF `config.json` of a LlamaForCausalLM described by `llama.*` and `tokenizer.ggml.*` keys
     (and the file's `rope_freqs.weight` values, when it has them)."""
     architecture = require(metadata, "general.architecture", source)

@@ -60,6 +60,8 @@ def build_sentencepiece_tokenizer(metadata: dict, source: Path | str = "GGUF") -
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tokenizer.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if add_prefix else []))
     typed = list(zip(tokens, token_types))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, kind in typed if kind == CONTROL])
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, kind in typed if kind == CONTROL]
+    )
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, kind in typed if kind == USER_DEFINED])
     return tokenizer

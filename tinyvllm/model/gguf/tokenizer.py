@@ -81,7 +81,9 @@ def build_tokenizer(metadata: dict, source: Path | str = "GGUF") -> Tokenizer:
     pre = require(metadata, "tokenizer.ggml.pre", source)
     if pre not in PRE_TOKENIZERS:
         supported = ", ".join(PRE_TOKENIZERS)
-        raise GGUFError(f"{source}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported (supported: {supported})")
+        raise GGUFError(
+            f"{source}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported (supported: {supported})"
+        )
     make_pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]
 
     tokens = require(metadata, "tokenizer.ggml.tokens", source)
@@ -100,8 +102,12 @@ def build_tokenizer(metadata: dict, source: Path | str = "GGUF") -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
 
     typed = list(zip(tokens, metadata.get("tokenizer.ggml.token_type", [])))
-    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, kind in typed if kind == CONTROL])
-    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token, kind in typed if kind == USER_DEFINED])
+    tokenizer.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False) for token, kind in typed if kind == CONTROL]
+    )
+    tokenizer.add_tokens(
+        [AddedToken(token, special=False, normalized=False) for token, kind in typed if kind == USER_DEFINED]
+    )
     tokenizer.post_processor = _post_processor(metadata, tokens)
     return tokenizer
 
