@@ -55,6 +55,7 @@ from tinyvllm.kernels.device import multiprocessors
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.model.config import ModelConfig, load_config
+from tinyvllm.model.rope import rope_inv_freq
 
 H200 = pytypes.SimpleNamespace(
     name="NVIDIA H200 (stand-in: sm_90 compiled offline)",
@@ -128,7 +129,7 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     v_cache = bf16(*k_cache.shape)
     tables = np.arange(batch * blocks_per_seq, dtype=np.int32).reshape(batch, blocks_per_seq)
     lens = np.full(batch, context, np.int32)
-    inv_freq = rope.rope_inv_freq(head_dim, config.rope_theta, config.rope_scaling)
+    inv_freq = rope_inv_freq(head_dim, config.rope_theta, config.rope_scaling)
     workspace = np.empty(
         attention_split.decode_workspace_shape(heads, kv_heads, head_dim, H200.MULTIPROCESSOR_COUNT), np.float32
     )

@@ -6,7 +6,7 @@
 Writes into docs/generated/ (or --out):
 
     safetensors_header.txt   a hex dump of a real model.safetensors (a tiny random Llama, seed 0)
-    bf16_rounding.md         float32 -> bf16 examples, rounded by tinyvllm.kernels.device.bf16.to_bf16
+    bf16_rounding.md         float32 -> bf16 examples, rounded by tinyvllm.kernels.reference.to_bf16
     models.md                SmolLM2-135M and Llama 3.2 1B side by side, numbers from ModelConfig
     rope_bands.md            which RoPE frequencies Llama 3.2's "llama3" scaling leaves, blends, divides
     decode_step_ops.md       the operator calls of one decode step, counted on the NumPy backend
