@@ -10,6 +10,7 @@ Writes into docs/generated/ (or --out):
     models.md                SmolLM2-135M and Llama 3.2 1B side by side, numbers from ModelConfig
     rope_bands.md            which RoPE frequencies Llama 3.2's "llama3" scaling leaves, blends, divides
     decode_step_ops.md       the operator calls of one decode step, counted on the NumPy backend
+    decode_kernels.md        the kernels one decode step launches on an H200, from the variant table
     step_metadata.txt        the arrays runner.build_step makes for a mixed batch
     chat_llama3.txt          a chat rendered by the Llama 3.2 template
 
@@ -41,6 +42,7 @@ from tests.random_llama import (  # noqa: E402
     TINY_OVERRIDES,
     make_random_llama_dir,
 )
+from tinyvllm.backends.kernel_list import decode_kernel_count  # noqa: E402
 from tinyvllm.benchmark import roofline_tok_per_s  # noqa: E402
 from tinyvllm.engine.model_runner import build_step, kv_block_bytes  # noqa: E402
 from tinyvllm.engine.scheduler import ScheduledBatch  # noqa: E402
@@ -56,6 +58,7 @@ from tinyvllm.sampling_params import SamplingParams  # noqa: E402
 DOCS = ROOT / "docs"
 GENERATED = DOCS / "generated"
 OFFLINE = ("safetensors_header.txt", "bf16_rounding.md", "models.md", "rope_bands.md", "decode_step_ops.md",
+           "decode_kernels.md",
            "step_metadata.txt", "chat_llama3.txt")  # fmt: skip
 BLOCK_SIZE = 16
 BANDWIDTH = 4.25e12  # the H200's measured device copy, DESIGN.md
@@ -220,6 +223,22 @@ OPERATORS = ("embedding", "linear", "linear_rope_write_kv", "decode_attention", 
              "linear_silu_mul", "gather_rows", "sample", "upload_bytes")  # fmt: skip
 
 
+DECODE_BATCHES = (1, 2, 8, 64, 256)
+
+
+def decode_kernels(smollm2: dict) -> str:
+    """Kernels one decode step launches on an H200 with cuBLAS (`tinyvllm kernels`), by batch."""
+    configs = {
+        "SmolLM2-135M": ModelConfig.from_dict(smollm2),
+        "Llama 3.2 1B": ModelConfig.from_dict(LLAMA_3_2_1B_CONFIG),
+    }
+    lines = ["| batch | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
+    for batch in DECODE_BATCHES:
+        counts = [decode_kernel_count(config, batch, max_num_seqs=256) for config in configs.values()]
+        lines.append(f"| {batch} | " + " | ".join(str(count) for count in counts) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def decode_step_ops(scratch: Path) -> str:
     """Count the backend calls of one decode step for each model's layer count (tiny widths, same calls)."""
     counts = {}
@@ -338,6 +357,7 @@ def generate(out: Path, real: bool) -> None:
             "models.md": models_table(smollm2),
             "rope_bands.md": rope_bands(),
             "decode_step_ops.md": decode_step_ops(scratch),
+            "decode_kernels.md": decode_kernels(smollm2),
             "step_metadata.txt": step_metadata(),
             "chat_llama3.txt": chat_llama3(scratch),
         }
