@@ -40,12 +40,12 @@ from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.kernels.gemm import STORES, gemm
 from tinyvllm.kernels.gemv import (
-    MAX_ROWS,
     gemv,
     gemv_kernel,
     read_chunk_whole,
     store_sums,
 )
+from tinyvllm.kernels.gemv_shape import MAX_ROWS
 from tinyvllm.kernels.reference import from_bf16
 
 LAYERS = {

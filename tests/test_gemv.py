@@ -18,7 +18,8 @@ from tests.test_gemm import (
 )
 from tinyvllm.kernels import gemv as gemv_module
 from tinyvllm.kernels.gemm import gemm
-from tinyvllm.kernels.gemv import (
+from tinyvllm.kernels.gemv import gemv
+from tinyvllm.kernels.gemv_shape import (
     BLOCKS_PER_SM,
     CHUNKS_PER_THREAD,
     LONG_ROW,
@@ -29,7 +30,6 @@ from tinyvllm.kernels.gemv import (
     WIDE_OUTPUT,
     WORD_BUDGET,
     WORDS,
-    gemv,
     launch_shape,
 )
 

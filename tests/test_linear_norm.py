@@ -24,7 +24,7 @@ from tests.helpers import (
 )
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.gemv import MAX_ROWS
+from tinyvllm.kernels.gemv_shape import MAX_ROWS
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
 from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.kernels.reference import to_bf16

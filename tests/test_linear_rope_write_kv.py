@@ -24,8 +24,9 @@ from tests.helpers import (
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tests.test_gemv import small_gpu
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv
+from tinyvllm.kernels.gemv import gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
+from tinyvllm.kernels.gemv_shape import MAX_ROWS
 from tinyvllm.kernels.linear import linear_rope_write_kv
 from tinyvllm.kernels.reference import from_bf16, to_bf16
 from tinyvllm.kernels.rope import rope_write_kv

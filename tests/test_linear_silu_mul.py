@@ -15,7 +15,8 @@ from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, widen
 from tests.test_gemv import LONG_KS, small_gpu
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import silu_mul
-from tinyvllm.kernels.gemv import MAX_ROWS, gemv
+from tinyvllm.kernels.gemv import gemv
+from tinyvllm.kernels.gemv_shape import MAX_ROWS
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
 from tinyvllm.kernels.linear import linear_silu_mul
 from tinyvllm.kernels.reference import from_bf16, to_bf16

@@ -8,7 +8,7 @@ cuBLAS runs there), and from the `linear_backend` engine option:
     linear_backend  matrix-product kernel for x of M rows
     "cublas"        cuBLAS cublasGemmEx on tensor cores (kernels/cublas.py)
     "tiled"         the tiled Numba GEMM (kernels/gemm.py)
-    "gemv"          the Numba matrix-vector kernel, M <= gemv.MAX_ROWS (kernels/gemv.py)
+    "gemv"          the Numba matrix-vector kernel, M <= gemv_shape.MAX_ROWS (kernels/gemv.py)
     "numba"         gemv up to GEMV_ROWS rows, tiled above
     "auto"          with cuBLAS available (a real GPU, CuPy installed): gemv up to
                     AUTO_GEMV_ROWS rows, cuBLAS above; else "numba"
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from tinyvllm.config import LINEAR_BACKENDS
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS
-from tinyvllm.kernels.gemv import MAX_ROWS
+from tinyvllm.kernels.gemv_shape import MAX_ROWS
 
 GEMV_ROWS = MAX_ROWS
 """"numba" uses the GEMV kernel up to this many rows of x (confirm with perf/bench_gemm.py)."""

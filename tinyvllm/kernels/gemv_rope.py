@@ -100,7 +100,7 @@ def gemv_rope_write_kv(
     x, weight, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *, norm: RMSNorm | None = None, stream=0
 ) -> None:
     """What `rope.rope_write_kv` writes for qkv = x[M, K] @ weight[N, K]^T, in one pass over
-    weight and without storing qkv (M <= gemv.MAX_ROWS); `norm` as in `gemv.gemv`."""
+    weight and without storing qkv (M <= gemv_shape.MAX_ROWS); `norm` as in `gemv.gemv`."""
     m, k = check_array("x", x, np.uint16, (None, None))
     width, _ = check_array("weight", weight, np.uint16, (None, k))
     _, _, head_dim = check_rope_targets(m, width, positions, inv_freq, slot_mapping, q, k_cache, v_cache, "weight")

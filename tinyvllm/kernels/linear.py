@@ -3,7 +3,7 @@
     kernel    runs
     "cublas"  cuBLAS cublasGemmEx on tensor cores (kernels/cublas.py)
     "tiled"   the tiled Numba GEMM, for many rows of x (kernels/gemm.py)
-    "gemv"    the Numba matrix-vector kernel, for at most gemv.MAX_ROWS rows (kernels/gemv.py)
+    "gemv"    the Numba matrix-vector kernel, for at most gemv_shape.MAX_ROWS rows (kernels/gemv.py)
 
 Which kernel fits a call is the variant table's choice (backends/variants.py). Two products
 take the next operator with them, fused into the GEMV's store where the GEMV runs:
