@@ -1,7 +1,7 @@
-"""GGUF import on synthetic files written with gguf.GGUFWriter.
+"""GGUF import on synthetic files written with gguf.GGUFWriter (tests/gguf_files.py).
 
 Oracles: `gguf.quants` (llama.cpp's own Python quantizers and dequantizers), llama.cpp's
-Q/K row permutation (`_llamacpp_permute`, as in convert_hf_to_gguf.py), transformers'
+Q/K row permutation (`llamacpp_permute`, as in convert_hf_to_gguf.py), transformers'
 GGUF loader, and the Llama 3.2 tokenizer.json for the `llama-bpe` pre-tokenizer.
 """
 
@@ -10,14 +10,13 @@ import json
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GGMLType
-from gguf import GGUFWriter
 from gguf import quants as gguf_quants
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
-from tokenizers.pre_tokenizers import ByteLevel
 
-from tests.test_gguf_quants import quantize_or_random, random_blocks
+from tests.gguf_files import MIXED_TYPES, TINY, TOKENS, llama_metadata, llamacpp_permute, write_llama_gguf
+from tests.test_gguf_quants import random_blocks
 from tinyvllm.kernels.reference import to_bf16
 from tinyvllm.model import hub
 from tinyvllm.model.config import ModelConfig
@@ -34,121 +33,6 @@ from tinyvllm.model.weights import load_weights, read_safetensors
 
 BLOCK_TYPES = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
 BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q4_1: 20}
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BYTES = sorted(ByteLevel.alphabet())
-MERGES = ["Ġ t", "h e", "Ġt he", "l l", "ll o", "1 2"]
-TOKENS = SPECIALS + BYTES + ["Ġt", "he", "Ġthe", "ll", "llo", "12"]
-CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-
-TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "layers": 2, "intermediate": 96}
-# One type per role, so every supported format appears in one file.
-MIXED_TYPES = {
-    "token_embd": GGMLType.Q8_0,
-    "attn_q": GGMLType.Q4_0,
-    "attn_k": GGMLType.Q4_1,
-    "attn_v": GGMLType.F16,
-    "attn_output": GGMLType.Q8_0,
-    "ffn_gate": GGMLType.Q4_1,
-    "ffn_up": GGMLType.BF16,
-    "ffn_down": GGMLType.Q4_0,
-    "output": GGMLType.Q8_0,
-}
-
-
-def _llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """convert_hf_to_gguf.py's LlamaModel.permute: HF rotate-half rows -> adjacent RoPE pairs."""
-    return (
-        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
-
-
-def _metadata(hidden, heads, kv_heads, layers, intermediate) -> dict:
-    return {
-        "llama.block_count": layers,
-        "llama.context_length": 256,
-        "llama.embedding_length": hidden,
-        "llama.feed_forward_length": intermediate,
-        "llama.attention.head_count": heads,
-        "llama.attention.head_count_kv": kv_heads,
-        "llama.rope.freq_base": 10000.0,
-        "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "llama.rope.dimension_count": hidden // heads,
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.tokens": TOKENS,
-        "tokenizer.ggml.token_type": [CONTROL] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)),
-        "tokenizer.ggml.merges": MERGES,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": CHAT_TEMPLATE,
-    }
-
-
-def _hf_weights(rng, hidden, heads, kv_heads, layers, intermediate, tied, vocab) -> dict[str, np.ndarray]:
-    """Random float32 weights by GGUF name, in HF orientation ([out, in]) and HF Q/K row order."""
-    head_dim = hidden // heads
-    shapes = {"token_embd": (vocab, hidden), "output_norm": (hidden,)}
-    if not tied:
-        shapes["output"] = (vocab, hidden)
-    for i in range(layers):
-        shapes |= {
-            f"blk.{i}.attn_norm": (hidden,),
-            f"blk.{i}.attn_q": (heads * head_dim, hidden),
-            f"blk.{i}.attn_k": (kv_heads * head_dim, hidden),
-            f"blk.{i}.attn_v": (kv_heads * head_dim, hidden),
-            f"blk.{i}.attn_output": (hidden, heads * head_dim),
-            f"blk.{i}.ffn_norm": (hidden,),
-            f"blk.{i}.ffn_gate": (intermediate, hidden),
-            f"blk.{i}.ffn_up": (intermediate, hidden),
-            f"blk.{i}.ffn_down": (hidden, intermediate),
-        }
-    return {
-        name: (1 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.1 * rng.standard_normal(shape)).astype(
-            np.float32
-        )
-        for name, shape in shapes.items()
-    }
-
-
-def write_llama_gguf(path, *, types=MIXED_TYPES, tied=False, metadata=None, drop=(), seed=0, sizes=TINY):
-    """A tiny Llama GGUF as llama.cpp's converter writes one; returns {GGUF name: (HF float32, type, stored)}."""
-    rng = np.random.default_rng(seed)
-    meta = _metadata(**sizes) | (metadata or {})
-    writer = GGUFWriter(str(path), "llama")
-    for key, value in meta.items():
-        if key in drop:
-            continue
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_array(key, value)
-    written = {}
-    for name, weight in _hf_weights(rng, **sizes, tied=tied, vocab=len(meta["tokenizer.ggml.tokens"])).items():
-        role = name.split(".")[-1]
-        gguf_layout = weight
-        if role == "attn_q":
-            gguf_layout = _llamacpp_permute(weight, sizes["heads"])
-        elif role == "attn_k":
-            gguf_layout = _llamacpp_permute(weight, sizes["kv_heads"])
-        tensor_type = GGMLType.F32 if weight.ndim == 1 else types.get(role, GGMLType.F32)
-        stored = quantize_or_random(rng, gguf_layout, tensor_type)
-        writer.add_tensor(f"{name}.weight", stored, raw_dtype=tensor_type)
-        written[name] = (weight, tensor_type, stored)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return written
 
 
 # Dequantization -------------------------------------------------------------------------
@@ -214,7 +98,7 @@ def test_unsupported_block_type_is_refused_by_dequantize():
 @given(num_heads=st.integers(1, 6), half=st.integers(1, 8), columns=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
 def test_undo_rope_permutation_inverts_llamacpp(num_heads, half, columns, seed):
     weight = np.random.default_rng(seed).standard_normal((num_heads * 2 * half, columns))
-    np.testing.assert_array_equal(undo_rope_permutation(_llamacpp_permute(weight, num_heads), num_heads), weight)
+    np.testing.assert_array_equal(undo_rope_permutation(llamacpp_permute(weight, num_heads), num_heads), weight)
 
 
 # Whole conversion -----------------------------------------------------------------------
@@ -241,9 +125,9 @@ def test_convert_restores_weights(tmp_path, tied):
             else stored.view(np.uint16)
         )
         if name.endswith("attn_q"):
-            ours = _llamacpp_permute(ours, config["num_attention_heads"])
+            ours = llamacpp_permute(ours, config["num_attention_heads"])
         elif name.endswith("attn_k"):
-            ours = _llamacpp_permute(ours, config["num_key_value_heads"])
+            ours = llamacpp_permute(ours, config["num_key_value_heads"])
         np.testing.assert_array_equal(ours, expected, err_msg=name)
     assert config["tie_word_embeddings"] is tied
 
@@ -318,7 +202,7 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def _vocab_metadata(pre: str) -> dict:
-    return {key: value for key, value in _metadata(**TINY).items() if key.startswith("tokenizer.")} | {
+    return {key: value for key, value in llama_metadata(**TINY).items() if key.startswith("tokenizer.")} | {
         "tokenizer.ggml.pre": pre
     }
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from tests.test_gguf import write_llama_gguf
+from tests.gguf_files import write_llama_gguf
 from tinyvllm.model.gguf.convert import GGUFError, convert_gguf
 
 

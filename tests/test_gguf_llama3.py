@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType as GGMLType
 from gguf import GGUFWriter
 from tokenizers.pre_tokenizers import ByteLevel
 
+from tests.gguf_files import llamacpp_permute
 from tests.helpers import next_token_logits
-from tests.test_gguf import _llamacpp_permute
 from tests.test_gguf_quants import quantize_or_random
 from tests.test_reference_forward import _assert_logits_close, _hf_logits
 from tinyvllm import LLM
@@ -127,7 +127,7 @@ def write_llama3_gguf(path, rope_freqs: np.ndarray | None, metadata: dict | None
             continue
         heads = {"attn_q": HEADS, "attn_k": KV_HEADS}.get(role)
         values = (0.05 * rng.standard_normal(shape)).astype(np.float32)
-        values = _llamacpp_permute(values, heads) if heads else values  # irrelevant for random blocks, kept for Q5
+        values = llamacpp_permute(values, heads) if heads else values  # irrelevant for random blocks, kept for Q5
         writer.add_tensor(f"{name}.weight", quantize_or_random(rng, values, TYPES[role]), raw_dtype=TYPES[role])
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)

@@ -4,7 +4,7 @@ Oracle: transformers' own GGUF tokenizer (LlamaTokenizer from the file's pieces 
 
 import pytest
 
-from tests.test_gguf import write_llama_gguf
+from tests.gguf_files import write_llama_gguf
 from tinyvllm.model.gguf.convert import convert_gguf
 from tinyvllm.model.gguf.sentencepiece import (
     BYTE,
