@@ -1,4 +1,4 @@
-"""The command line on a tiny random model (NumPy backend): generate and bench."""
+"""The command line on a tiny random model (NumPy backend): generate, serve's model argument and bench."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.cli import main
+from tinyvllm.cli import build_parser, main, serve_model
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,21 @@ def test_bench_prints_a_table(tiny_model, capsys, run, row):
 def test_bad_sampling_flag_exits_with_the_parameter_named(tiny_model):
     with pytest.raises(SystemExit, match="top_p"):
         main(["generate", "hi", "--model", tiny_model, "--backend", "numpy", "--top-p", "0"])
+
+
+@pytest.mark.parametrize(
+    "arguments, model",
+    [
+        (["serve"], None),
+        (["serve", "some/dir"], "some/dir"),
+        (["serve", "--model", "some/dir"], "some/dir"),
+        (["serve", "some/dir", "--port", "9000", "--model", "some/dir"], "some/dir"),
+    ],
+)
+def test_serve_takes_the_model_positionally_or_by_flag(arguments, model):
+    assert serve_model(build_parser().parse_args(arguments)) == model
+
+
+def test_serve_refuses_two_different_models_naming_both():
+    with pytest.raises(SystemExit, match=r"MODEL \(one\) and --model \(other\)"):
+        main(["serve", "one", "--model", "other"])

@@ -2,8 +2,9 @@
 
 Every subcommand that runs a model takes the same engine flags: --model (with none, the
 embedded SmolLM2-135M-Instruct) and one flag per EngineConfig field (--mode, --backend,
---max-num-seqs, ...). Only argparse and the config are imported here; each subcommand
-imports the engine when it runs, so `tinyvllm --help` loads no Numba.
+--max-num-seqs, ...); `serve` also takes the model positionally, as `vllm serve MODEL`
+does. Only argparse and the config are imported here; each subcommand imports the engine
+when it runs, so `tinyvllm --help` loads no Numba.
 """
 
 import argparse
@@ -107,11 +108,21 @@ def cmd_chat(args: argparse.Namespace) -> None:
     run_chat(args.model, engine_config(args), sampling_params(args), system=args.system)
 
 
+def serve_model(args: argparse.Namespace) -> str | None:
+    """The model `serve` was given, positionally or by --model; both, if they differ, is an error."""
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise ValueError(
+            f"the positional MODEL ({args.model_tag}) and --model ({args.model}) name different models; give one"
+        )
+    return args.model_tag if args.model_tag is not None else args.model
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
+    model = serve_model(args)
     from tinyvllm.serving.server import run_server
 
     run_server(
-        args.model,
+        model,
         engine_config(args),
         host=args.host,
         port=args.port,
@@ -178,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)"
+    )
+    serve.add_argument(
+        "model_tag", nargs="?", metavar="MODEL", help="Hugging Face model directory, as --model (vllm serve MODEL)"
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local)")
     serve.add_argument("--port", type=int, default=8000)
