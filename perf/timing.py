@@ -21,23 +21,21 @@ faster than real data's. `copy_tbps` times the device-to-device copy that every
 memory-bound kernel is compared against.
 
 `result_header()` is what each results JSON starts with: device, date, git revision and
-the command that produced it. The revision is GIT_REV when that is set (the device
-machine gets a copy of the work tree, whose .git may be stale), else git's.
+the command that produced it; the revision is `tinyvllm.provenance.git_revision()`, which
+`tinyvllm bench --output-json` records too.
 """
 
 import datetime
 import functools
-import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
 import tinyvllm.kernels  # noqa: F401  (its numpy shim must be in place before these kernels compile)
+from tinyvllm.provenance import git_revision
 
 FLUSH_BYTES = 256 << 20
 HOLD_US = 300
@@ -129,21 +127,6 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
 # --8<-- [end:median]
 
 
-def _git_revision() -> str:
-    """GIT_REV when set (the device machine's copy of the tree may carry a stale .git), else git's."""
-    if os.environ.get("GIT_REV"):
-        return os.environ["GIT_REV"]
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
-    except FileNotFoundError:
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
-
-
 def result_header() -> dict:
     """device, date (UTC), git revision and command, for the top of a results JSON."""
     device = cuda.get_current_device()
@@ -151,6 +134,6 @@ def result_header() -> dict:
     return {
         "device": name,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "git_rev": _git_revision(),
+        "git_rev": git_revision(),
         "command": " ".join(sys.orig_argv),
     }

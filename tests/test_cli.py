@@ -1,12 +1,14 @@
-"""The command line on a tiny random model (NumPy backend): generate and bench."""
+"""The command line on a tiny random model (NumPy backend): generate, serve's model argument and bench."""
 
+import dataclasses
 import json
 
 import pytest
 
 from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.cli import main
+from tinyvllm.cli import build_parser, main, serve_model
+from tinyvllm.config import EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -41,28 +43,15 @@ def test_generate_json_matches_the_library(tiny_model, capsys):
     assert printed["prompt_tokens"] == len(expected.prompt_token_ids)
 
 
+def bench_arguments(run: str, model: str) -> list[str]:
+    """A bench run small enough for the NumPy backend on the tiny model."""
+    sizes = ["--prompt-len", "8", "--new-tokens", "4", "--requests", "3", "--min-len", "2", "--max-len", "5"]
+    return ["bench", run, "--model", model, "--backend", "numpy", *sizes]
+
+
 @pytest.mark.parametrize("run, row", [("latency", "decode tok/s"), ("throughput", "output tok/s")])
 def test_bench_prints_a_table(tiny_model, capsys, run, row):
-    main(
-        [
-            "bench",
-            run,
-            "--model",
-            tiny_model,
-            "--backend",
-            "numpy",
-            "--prompt-len",
-            "8",
-            "--new-tokens",
-            "4",
-            "--requests",
-            "3",
-            "--min-len",
-            "2",
-            "--max-len",
-            "5",
-        ]
-    )
+    main(bench_arguments(run, tiny_model))
     lines = capsys.readouterr().out.splitlines()
     values = {line.rsplit(None, 1)[0].strip(): float(line.rsplit(None, 1)[1]) for line in lines}
     assert values[row] > 0
@@ -71,3 +60,46 @@ def test_bench_prints_a_table(tiny_model, capsys, run, row):
 def test_bad_sampling_flag_exits_with_the_parameter_named(tiny_model):
     with pytest.raises(SystemExit, match="top_p"):
         main(["generate", "hi", "--model", tiny_model, "--backend", "numpy", "--top-p", "0"])
+
+
+@pytest.mark.parametrize(
+    "run, settings, result",
+    [
+        ("latency", {"prompt_len": 8, "new_tokens": 4}, "decode_tok_per_s"),
+        ("throughput", {"requests": 3, "min_len": 2, "max_len": 5}, "output_tok_per_s"),
+    ],
+)
+def test_bench_reports_progress_and_writes_json(tiny_model, tmp_path, capsys, run, settings, result):
+    output = tmp_path / "bench.json"
+    arguments = bench_arguments(run, tiny_model) + ["--output-json", str(output)]
+    main(arguments)
+    progress = capsys.readouterr().err.splitlines()
+    assert any("model loaded" in line for line in progress)
+    assert len(progress) >= 3, "a line for the load, one per phase, one for the file"
+    record = json.loads(output.read_text())
+    assert record["benchmark"] == run
+    assert record["command"] == "tinyvllm " + " ".join(arguments)
+    assert record["device"] and record["git_rev"] and record["date"].endswith("+00:00")
+    assert record["settings"] == settings
+    assert set(record["engine"]) == {spec.name for spec in dataclasses.fields(EngineConfig)}
+    assert record["engine"]["backend"] == "numpy" and record["engine"]["num_blocks"] > 0
+    assert record["engine"]["max_model_len"] > 0, "the resolved config, not the flags' None"
+    assert record["results"][result] > 0
+
+
+@pytest.mark.parametrize(
+    "arguments, model",
+    [
+        (["serve"], None),
+        (["serve", "some/dir"], "some/dir"),
+        (["serve", "--model", "some/dir"], "some/dir"),
+        (["serve", "some/dir", "--port", "9000", "--model", "some/dir"], "some/dir"),
+    ],
+)
+def test_serve_takes_the_model_positionally_or_by_flag(arguments, model):
+    assert serve_model(build_parser().parse_args(arguments)) == model
+
+
+def test_serve_refuses_two_different_models_naming_both():
+    with pytest.raises(SystemExit, match=r"MODEL \(one\) and --model \(other\)"):
+        main(["serve", "one", "--model", "other"])

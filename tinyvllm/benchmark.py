@@ -10,9 +10,13 @@ the clock sees the GPU's work.
 - `throughput`: the nano-vllm workload: prompt and output lengths uniform in [100, 1024],
   all requests submitted at once; output tokens/s over the whole run.
 - `prefill_throughput`: many long prompts, one output token each; prompt tokens/s.
+
+`decode_latency` and `throughput` report each phase as it starts through `progress`
+(`tinyvllm bench` prints those lines to stderr, so a run of minutes is not silent).
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +51,10 @@ def random_workload(
     return Workload(prompts, outputs)
 
 
+def quiet(message: str) -> None:
+    """The default progress reporter: says nothing."""
+
+
 def nano_vllm_workload(vocab_size: int, num_requests: int = 256, seed: int = 0) -> Workload:
     return random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed)
 
@@ -62,13 +70,18 @@ def timed_generate(llm: LLM, workload: Workload) -> float:
     return elapsed
 
 
-def decode_latency(llm: LLM, prompt_len: int = 128, new_tokens: int = 256, repeats: int = 3) -> dict:
+def decode_latency(
+    llm: LLM, prompt_len: int = 128, new_tokens: int = 256, repeats: int = 3, progress: Callable[[str], None] = quiet
+) -> dict:
     vocab = llm.engine.config.vocab_size
     prompt = random_workload(1, (prompt_len, prompt_len), (1, 1), vocab).prompts
     first = Workload(prompt, [1])
     full = Workload(prompt, [new_tokens])
+    progress(f"warm-up: {prompt_len} prompt tokens, {new_tokens} new")
     timed_generate(llm, full)
+    progress(f"time to first token: best of {repeats} runs")
     first_s = min(timed_generate(llm, first) for _ in range(repeats))
+    progress(f"{new_tokens} tokens: best of {repeats} runs")
     full_s = min(timed_generate(llm, full) for _ in range(repeats))
     decode_s = full_s - first_s
     return {
@@ -80,7 +93,10 @@ def decode_latency(llm: LLM, prompt_len: int = 128, new_tokens: int = 256, repea
     }
 
 
-def throughput(llm: LLM, workload: Workload) -> dict:
+def throughput(llm: LLM, workload: Workload, progress: Callable[[str], None] = quiet) -> dict:
+    prompt_tokens = sum(len(prompt) for prompt in workload.prompts)
+    requests = len(workload.prompts)
+    progress(f"{requests} requests at once: {prompt_tokens} prompt tokens, {workload.output_tokens} output")
     seconds = timed_generate(llm, workload)
     return {
         "requests": len(workload.prompts),

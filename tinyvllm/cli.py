@@ -2,14 +2,17 @@
 
 Every subcommand that runs a model takes the same engine flags: --model (with none, the
 embedded SmolLM2-135M-Instruct) and one flag per EngineConfig field (--mode, --backend,
---max-num-seqs, ...). Only argparse and the config are imported here; each subcommand
-imports the engine when it runs, so `tinyvllm --help` loads no Numba.
+--max-num-seqs, ...); `serve` also takes the model positionally, as `vllm serve MODEL`
+does. Only argparse and the config are imported here; each subcommand imports the engine
+when it runs, so `tinyvllm --help` loads no Numba.
 """
 
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
+import time
 from collections.abc import Sequence
 
 from tinyvllm.backends import kernel_list
@@ -107,11 +110,21 @@ def cmd_chat(args: argparse.Namespace) -> None:
     run_chat(args.model, engine_config(args), sampling_params(args), system=args.system)
 
 
+def serve_model(args: argparse.Namespace) -> str | None:
+    """The model `serve` was given, positionally or by --model; both, if they differ, is an error."""
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise ValueError(
+            f"the positional MODEL ({args.model_tag}) and --model ({args.model}) name different models; give one"
+        )
+    return args.model_tag if args.model_tag is not None else args.model
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
+    model = serve_model(args)
     from tinyvllm.serving.server import run_server
 
     run_server(
-        args.model,
+        model,
         engine_config(args),
         host=args.host,
         port=args.port,
@@ -121,14 +134,39 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
+BENCH_SETTINGS = {"latency": ("prompt_len", "new_tokens"), "throughput": ("requests", "min_len", "max_len")}
+"""The flags each `bench` run reads, recorded in its --output-json."""
+
+
+def bench_progress(message: str) -> None:
+    """A progress line of `tinyvllm bench`, on stderr so that stdout holds only the table."""
+    print(f"tinyvllm bench: {message}", file=sys.stderr, flush=True)
+
+
+def engine_settings(engine) -> dict:
+    """The options the engine runs with: its resolved config, with the backend `auto` picked
+    and the KV blocks it allocated in place of `auto` and None."""
+    runner = engine.runner
+    return dataclasses.asdict(engine.engine_config) | {"backend": runner.backend.name, "num_blocks": runner.num_blocks}
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from tinyvllm import benchmark
     from tinyvllm.llm import LLM
+    from tinyvllm.provenance import run_header
 
+    bench_progress(f"loading {args.model or 'the embedded SmolLM2-135M-Instruct'}")
+    start = time.perf_counter()
     llm = LLM(args.model, engine_config=engine_config(args))
+    engine = engine_settings(llm.engine)
+    settings = {name: getattr(args, name) for name in BENCH_SETTINGS[args.run]}
+    bench_progress(
+        f"model loaded in {time.perf_counter() - start:.1f} s; "
+        + ", ".join(f"{name}={value}" for name, value in (engine | settings).items())
+    )
     vocab = llm.engine.config.vocab_size
     if args.run == "latency":
-        result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens)
+        result = benchmark.decode_latency(llm, args.prompt_len, args.new_tokens, progress=bench_progress)
         rows = [
             ("time to first token (ms)", result["time_to_first_token_ms"]),
             ("decode ms/token", result["decode_ms_per_token"]),
@@ -138,7 +176,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         workload = benchmark.random_workload(
             args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab
         )
-        result = benchmark.throughput(llm, workload)
+        result = benchmark.throughput(llm, workload, progress=bench_progress)
         rows = [
             ("requests", result["requests"]),
             ("output tokens", result["output_tokens"]),
@@ -148,6 +186,17 @@ def cmd_bench(args: argparse.Namespace) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value:12.2f}" if isinstance(value, float) else f"{name:<{width}}  {value:12d}")
+    if args.output_json:
+        record = run_header(engine["backend"], args.command_line) | {
+            "benchmark": args.run,
+            "model": str(llm.engine.model_dir),
+            "settings": settings,
+            "engine": engine,
+            "results": result,
+        }
+        with open(args.output_json, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, indent=2) + "\n")
+        bench_progress(f"wrote {args.output_json}")
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -179,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)"
     )
+    serve.add_argument(
+        "model_tag", nargs="?", metavar="MODEL", help="Hugging Face model directory, as --model (vllm serve MODEL)"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the model's name in the API (default: the model directory's name)")
@@ -196,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=256, help="throughput: number of requests")
     bench.add_argument("--min-len", type=int, default=100, help="throughput: shortest prompt and output")
     bench.add_argument("--max-len", type=int, default=1024, help="throughput: longest prompt and output")
+    bench.add_argument(
+        "--output-json", metavar="FILE", help="also write the results, device, date, git revision and settings here"
+    )
     add_engine_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
 
@@ -209,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    # bench records the command that produced its numbers; argv, not sys.argv, is it when main is called directly.
+    args.command_line = shlex.join(["tinyvllm", *argv])
     try:
         args.handler(args)
     except ValueError as error:

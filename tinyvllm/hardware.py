@@ -20,3 +20,17 @@ def has_cuda_gpu() -> bool:
         return False
     count = ctypes.c_int(0)
     return driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+def cuda_device_name(ordinal: int = 0) -> str | None:
+    """The name the driver gives device `ordinal` (the one the engine runs on), None without one."""
+    if not has_cuda_gpu():
+        return None
+    driver = ctypes.CDLL("libcuda.so.1")
+    device = ctypes.c_int(0)
+    if driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return None
+    name = ctypes.create_string_buffer(256)
+    if driver.cuDeviceGetName(name, len(name), device) != 0:
+        return None
+    return name.value.decode()
