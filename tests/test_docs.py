@@ -85,6 +85,22 @@ def test_every_include_resolves(page):
             assert all(1 <= n <= len(lines) for n in numbers), f"{page.name}: {target!r} is past the end of the file"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: path.name)
+def test_every_listing_is_an_include_titled_with_its_file(page):
+    """A snippet line the include pattern misses renders as text (a formatter once turned
+    `--8<--` into `--8 < --`), and a listing names the file it shows."""
+    fence = None
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if re.match(r"\s*-+\s*8\s*<\s*-+", line):
+            include = INCLUDE.match(line)
+            assert include, f"{page.name}:{number}: not a snippet include: {line!r}"
+            if fence is not None:
+                path = TARGET.match(include.group(1)).group("path")
+                assert f'title="{path}"' in fence, f"{page.name}:{number}: the listing of {path} names no file"
+        if line.lstrip().startswith("```"):
+            fence = line if fence is None else None
+
+
 @pytest.mark.parametrize("page", markdown_files(), ids=lambda path: str(path.relative_to(DOCS)))
 def test_every_image_exists(page):
     for source in IMAGE.findall(page.read_text()):
