@@ -3,7 +3,7 @@
 Importing the package, reading a model's config, weights and tokenizer, and the whole
 NumPy-backend engine (LLM(..., backend="numpy") generating tokens) must import no Numba:
 the CLI answers without paying for it and a machine without CUDA needs none of it. Each
-case runs in a fresh interpreter, since this test session has imported Numba already.
+case runs in a fresh interpreter, since the test run has imported Numba already.
 """
 
 import subprocess
