@@ -2,7 +2,7 @@
 sampling sequence.
 
 The runner owns everything on the device: the model's weights, the KV arena, the
-activation workspace and the step metadata (`step.py`). For each step it builds the
+activation workspace and the step metadata (`step_inputs.py`). For each step it builds the
 metadata on the host with NumPy, uploads it into persistent buffers, and queues the
 forward and the sampler (`launch`), without waiting for them. `collect` waits for that
 step alone and reads its sampled tokens back: one host synchronisation per step, which
