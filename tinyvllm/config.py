@@ -7,8 +7,8 @@ and a bad one raises a ValueError that names it, before any weight is loaded.
 
 Two defaults depend on the model: `max_model_len` (the model's max_position_embeddings,
 at most DEFAULT_MAX_MODEL_LEN) and `max_num_batched_tokens` (max_model_len, at least
-MIN_BATCHED_TOKENS). `resolve` fills them in against the ModelConfig once; the scheduler and the model
-runner read the `ResolvedEngineConfig` it returns.
+MIN_BATCHED_TOKENS). `resolve` fills them in against the ModelConfig once; the scheduler
+and the model runner read the `ResolvedEngineConfig` it returns.
 
 This module imports neither Numba nor the engine, so the command line can build its
 parser from it without paying for them.
@@ -23,7 +23,7 @@ from tinyvllm.model.config import ModelConfig
 MODES = ("continuous", "static")
 BACKENDS = ("auto", "cuda", "numpy")
 LINEAR_BACKENDS = ("auto", "numba", "cublas", "tiled", "gemv")
-"""The matrix-product kernels `tinyvllm.kernels.linear` dispatches to (its BACKENDS)."""
+"""The `linear_backend` choices; the variant table (backends/variants.py) maps each to a product kernel."""
 ACTIVATION_DTYPES = ("bf16", "float32")
 DEFAULT_MAX_MODEL_LEN = 8192
 MIN_BATCHED_TOKENS = 2048
