@@ -21,11 +21,10 @@ faster than real data's. `copy_tbps` times the device-to-device copy that every
 memory-bound kernel is compared against.
 
 `result_header()` is what each results JSON starts with: device, date, git revision and
-the command that produced it; the revision is `tinyvllm.provenance.git_revision()`, which
-`tinyvllm bench --output-json` records too.
+the command that produced it, the fields of `tinyvllm.provenance.run_header`, which
+`tinyvllm bench --output-json` writes too.
 """
 
-import datetime
 import functools
 import statistics
 import sys
@@ -35,7 +34,7 @@ import numpy as np
 from numba import cuda
 
 import tinyvllm.kernels  # noqa: F401  (its numpy shim must be in place before these kernels compile)
-from tinyvllm.provenance import git_revision
+from tinyvllm.provenance import run_header
 
 FLUSH_BYTES = 256 << 20
 HOLD_US = 300
@@ -128,12 +127,8 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
 
 
 def result_header() -> dict:
-    """device, date (UTC), git revision and command, for the top of a results JSON."""
+    """`provenance.run_header` for this command, the device named by Numba's current device
+    (which `perf.kernel_registers` stands in for an H200 it compiles for offline)."""
     device = cuda.get_current_device()
     name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
-    return {
-        "device": name,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "git_rev": git_revision(),
-        "command": " ".join(sys.orig_argv),
-    }
+    return {**run_header("cuda", " ".join(sys.orig_argv)), "device": name}
