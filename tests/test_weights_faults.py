@@ -26,6 +26,16 @@ from tinyvllm.model.weights import (
     weight_shapes,
 )
 
+SMALLEST_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4,
+    "num_attention_heads": 2,
+    "intermediate_size": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 8,
+}
+"""A one-layer Llama config.json of width 4, for the checks that need a model but no weights of note."""
+
 
 def _join(path, header_bytes: bytes, data: bytes, header_length: int | None = None):
     length = len(header_bytes) if header_length is None else header_length
@@ -139,16 +149,7 @@ def test_wrong_shape_for_the_config_raises_naming_the_tensor(tmp_path_factory, c
 
 
 def test_integer_dtype_for_a_weight_raises(tmp_path):
-    config = ModelConfig.from_dict(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "hidden_size": 4,
-            "num_attention_heads": 2,
-            "intermediate_size": 4,
-            "num_hidden_layers": 1,
-            "vocab_size": 8,
-        }
-    )
+    config = ModelConfig.from_dict(SMALLEST_CONFIG)
     tensors = {name: np.zeros(shape, np.float32) for name, shape in weight_shapes(config).items()}
     tensors["model.norm.weight"] = np.zeros(4, np.int32)
     safetensors.numpy.save_file(tensors, tmp_path / "model.safetensors")
@@ -213,16 +214,7 @@ def test_sharded_checkpoints_load_like_a_single_file(tmp_path_factory, config, d
 
 
 def test_bad_index_and_empty_directory_are_errors(tmp_path):
-    config = ModelConfig.from_dict(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "hidden_size": 4,
-            "num_attention_heads": 2,
-            "intermediate_size": 4,
-            "num_hidden_layers": 1,
-            "vocab_size": 8,
-        }
-    )
+    config = ModelConfig.from_dict(SMALLEST_CONFIG)
     with pytest.raises(WeightsError, match="neither model.safetensors nor model.safetensors.index.json"):
         load_weights(tmp_path, config)
     index = tmp_path / "model.safetensors.index.json"
