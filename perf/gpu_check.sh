@@ -38,6 +38,9 @@ for stage in $stages; do
     tests)
       run python3 -c "from tinyvllm.model.default_model import default_model_dir; default_model_dir()"
       export SUITE_DURATIONS="$OUT/test_durations.tsv"
+      # slowest first, by the latest committed run (perf/suite_durations.py)
+      SUITE_ORDER=$(ls perf/results/gpu_suite_durations_*.tsv 2>/dev/null | tail -1)
+      export SUITE_ORDER
       workers=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
       # one BLAS/OpenMP thread a worker: sixteen workers with sixteen threads each thrash the cores
       export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
