@@ -38,13 +38,15 @@ for stage in $stages; do
     tests)
       run python3 -c "from tinyvllm.model.default_model import default_model_dir; default_model_dir()"
       export SUITE_DURATIONS="$OUT/test_durations.tsv"
-      # slowest first, by the latest committed run (perf/suite_durations.py)
+      # slowest first, by the latest committed run (perf/suite_durations.py); worksteal, because
+      # xdist's default hands the first tests out round-robin, so the worker given the longest
+      # test also got a share of the next-longest (the 63b0583 run: 560 s, its tests adding to 146 s a worker)
       SUITE_ORDER=$(ls perf/results/gpu_suite_durations_*.tsv 2>/dev/null | tail -1)
       export SUITE_ORDER
       workers=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
       # one BLAS/OpenMP thread a worker: sixteen workers with sixteen threads each thrash the cores
       export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-      run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n "$workers" -m "not serial" tests \
+      run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n "$workers" --dist worksteal -m "not serial" tests \
         --ignore=tests/test_hub.py --ignore=tests/test_default_model.py \
         --ignore=tests/test_llama3_tokenizer.py --ignore-glob='tests/test_gguf*.py' \
         --ignore=tests/test_server.py --ignore=tests/test_server_load.py \
