@@ -6,9 +6,9 @@
 #
 # tests: the suite over one pytest-xdist worker per core, then the tests marked `serial`
 # (they size the KV cache from free GPU memory, which other workers would change) alone.
-# engine: with BASELINE=DIR (a checkout of another revision, e.g. `git archive REV`), the
-# engine benchmarks run there first, in the same command, so the two revisions' figures
-# come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
+# engine: with BASELINE=DIR (a checkout of another revision, e.g. `git archive REV`) and
+# BASELINE_REV=REV, the engine benchmarks run there first, in the same command, so the two
+# revisions' figures come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
 # ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
 #
 # The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
@@ -29,8 +29,9 @@ else
   export PYTHONPATH=$PWD
 fi
 stages=${*:-tests kernels engine profile serve}
+started=$(mktemp)  # only the JSON written after this goes to $OUT, which takes 8 files at most
 status=0
-run() { echo "== $*"; "$@" || status=1; }
+run() { echo "== $*"; "$@" || { echo "== FAILED (rc $?): $*"; status=1; }; }
 
 main() {
 for stage in $stages; do
@@ -61,7 +62,8 @@ for stage in $stages; do
     engine)
       if [ -n "${BASELINE:-}" ]; then
         echo "== baseline $BASELINE: bench_decode, bench_throughput (no peers)"
-        (cd "$BASELINE" && export PYTHONPATH=/tmp/site:$PWD &&
+        # a `git archive` has no .git: BASELINE_REV names its revision in its JSON
+        (cd "$BASELINE" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=${BASELINE_REV:-unknown} &&
           python3 -m perf.bench_decode --no-peer && python3 -m perf.bench_throughput --no-peer &&
           for f in bench_decode bench_throughput; do cp perf/results/$f.json "$OUT/baseline_$f.json"; done) || status=1
       fi
@@ -82,5 +84,5 @@ return $status
 
 main 2>&1 | tee -a "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}
-cp perf/results/*.json "$OUT"/ 2>/dev/null
+find perf/results -maxdepth 1 -name "*.json" -newer "$started" -exec cp {} "$OUT"/ \;
 exit "$rc"
