@@ -167,7 +167,7 @@ async def benchmark(args: argparse.Namespace, url: str) -> tuple[dict, dict]:
         await bench.run(args.warmup, min(args.output_len, 16), seed=args.seed + 1)
     elapsed = await bench.run(args.num_prompts, args.output_len, seed=args.seed)
     async with httpx.AsyncClient(base_url=url) as client:
-        server_metrics = (await client.get("/metrics")).json()
+        server_metrics = (await client.get("/metrics", params={"format": "json"})).json()
     config = {key: getattr(args, key) for key in ("concurrency", "num_prompts", "input_len", "output_len",
                                                    "temperature", "warmup", "seed")}  # fmt: skip
     return {"model": model, **config, "server_metrics": server_metrics}, report(bench, elapsed)

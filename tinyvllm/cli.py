@@ -132,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         served_model_name=args.served_model_name,
         max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes,
-        api_key=args.api_key or os.environ.get("VLLM_API_KEY"),  # as vllm serve reads it
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,  # as vllm serve reads it
         log_requests=not args.disable_log_requests,
         log_stats=not args.disable_log_stats,
     )

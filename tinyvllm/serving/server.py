@@ -88,7 +88,7 @@ class OpenAIServer:
         self.config = config
         self.defaults = engine.engine.default_sampling_params()
         self.created = int(time.time())
-        self.metrics = ServerMetrics()
+        self.request_metrics = ServerMetrics()
 
     def app(self) -> Starlette:
         routes = [
@@ -106,7 +106,7 @@ class OpenAIServer:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
         self.engine.start()
-        stats = asyncio.create_task(log_stats_forever(self.engine, self.metrics, self.config.stats_interval_s))
+        stats = asyncio.create_task(log_stats_forever(self.engine, self.request_metrics, self.config.stats_interval_s))
         yield
         stats.cancel()
         await asyncio.to_thread(self.engine.shutdown)
@@ -120,7 +120,7 @@ class OpenAIServer:
     async def metrics(self, request: Request) -> Response:
         if request.query_params.get("format") == "json":
             return JSONResponse(self.engine.stats())
-        text = self.metrics.render(self.engine.stats(), self.config.served_model_name)
+        text = self.request_metrics.render(self.engine.stats(), self.config.served_model_name)
         return Response(text, media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
@@ -149,7 +149,7 @@ class OpenAIServer:
         except ValueError as error:
             raise bad_request(error, generation.prompt_field) from None
         head = response_head(api, request_id, self.config.served_model_name, chunk=generation.stream)
-        outputs = self.metrics.track(stream, request.state.tinyvllm_record)
+        outputs = self.request_metrics.track(stream, request.state.tinyvllm_record)
         if generation.stream:
             return _EventStream(stream_events(api, head, outputs, generation), stream)
         try:
