@@ -1,4 +1,5 @@
-"""The server's Prometheus /metrics, API key and logs, in process (Starlette's TestClient).
+"""The server's Prometheus /metrics, API key and logs, in process (Starlette's TestClient), and
+the API key from VLLM_API_KEY through `tinyvllm serve`.
 
 The oracle for /metrics is the engine's own state (AsyncEngine.stats()) and the usage the
 responses report; the logs are read with caplog from the `tinyvllm.serving` logger.
@@ -7,10 +8,11 @@ responses report; the logs are read with caplog from the `tinyvllm.serving` logg
 import logging
 import re
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server_fixtures import tiny_model_dir  # noqa: F401
+from tests.server_fixtures import serve, tiny_model_dir  # noqa: F401
 from tinyvllm.engine.async_engine import AsyncEngine
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.serving.server import OpenAIServer, ServerConfig
@@ -110,3 +112,13 @@ def test_periodic_stats_line(engine, caplog):
             client.get("/health")
     line = next(r.getMessage() for r in caplog.records if "Avg prompt throughput" in r.getMessage())
     assert re.search(r"Running: \d+ reqs, Waiting: \d+ reqs, KV cache usage: [\d.]+%", line)
+
+
+def test_serve_reads_the_api_key_from_vllm_api_key(tiny_model_dir, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("VLLM_API_KEY", API_KEY)
+    args = ["--model", str(tiny_model_dir), "--backend", "numpy", "--num-blocks", "64", "--max-model-len", "256",
+            "--disable-log-requests", "--disable-log-stats"]  # fmt: skip
+    with serve(args) as url:
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+        assert httpx.get(f"{url}/metrics").text.startswith("# HELP vllm:")
