@@ -50,9 +50,11 @@ class Histogram:
 
 @dataclass
 class RequestRecord:
-    """One HTTP request's measurements: its start, and the tokens of a generation request."""
+    """One HTTP request's measurements: its start, and for a generation its first token's latency
+    and its token counts so far."""
 
     start: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
     prompt_tokens: int | None = None
     generation_tokens: int | None = None
 
@@ -70,8 +72,9 @@ class ServerMetrics:
     async def track(self, outputs: AsyncIterator[RequestOutput], record: RequestRecord) -> AsyncIterator[RequestOutput]:
         """Pass `outputs` through, observing the first token's latency and, at the end, the counts."""
         async for output in outputs:
-            if output.token_ids and record.generation_tokens is None:
-                self.ttft.observe(time.perf_counter() - record.start)
+            if output.token_ids and record.first_token_s is None:
+                record.first_token_s = time.perf_counter() - record.start
+                self.ttft.observe(record.first_token_s)
             record.prompt_tokens = len(output.prompt_token_ids)
             record.generation_tokens = len(output.token_ids)
             if output.finished:

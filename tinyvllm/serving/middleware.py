@@ -26,7 +26,7 @@ RECORD_KEY = "tinyvllm_record"  # the RequestRecord's key in the request's state
 
 class ServingMiddleware:
     """API key check and access log around `app` (a plain ASGI middleware, so that streamed
-    responses are logged when their last byte is sent, not when they start)."""
+    responses are logged when they end, not when they start, and with their token counts)."""
 
     def __init__(self, app: ASGIApp, *, api_key: str | None, log_requests: bool) -> None:
         self.app = app
@@ -41,18 +41,19 @@ class ServingMiddleware:
         scope.setdefault("state", {})[RECORD_KEY] = record
         status = 500  # what the log says if the app fails before answering
 
-        async def send_and_log(message: Message) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                self._log(scope, status, record)
 
-        if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
-            await _unauthorized(send_and_log)
-            return
-        await self.app(scope, receive, send_and_log)
+        try:
+            if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(scope):
+                await _unauthorized(send_status)
+            else:
+                await self.app(scope, receive, send_status)
+        finally:  # a streamed response has been sent in full (or its client left) by now
+            self._log(scope, status, record)
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])
