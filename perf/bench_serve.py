@@ -9,7 +9,7 @@ does not know itself (e.g. `--model DIR --max-num-seqs 256`), and stops it at th
 until `--num-prompts` are done: random prompts of `--input-len` common words (about one
 token each), `--output-len` tokens with ignore_eos (vLLM's random-dataset lengths by
 default). `--warmup` requests run first, untimed, so compilation and CUDA graph capture
-stay out of the numbers. The server's /metrics (preemptions, blocks) are saved with the result.
+stay out of the numbers. The server's /metrics?format=json (preemptions, blocks) is saved with the result.
 
 Reported, as vLLM does: requests/s, output tokens/s and total tokens/s over the timed run;
 time to first token (TTFT), time per output token after the first (TPOT, per request) and
@@ -167,7 +167,7 @@ async def benchmark(args: argparse.Namespace, url: str) -> tuple[dict, dict]:
         await bench.run(args.warmup, min(args.output_len, 16), seed=args.seed + 1)
     elapsed = await bench.run(args.num_prompts, args.output_len, seed=args.seed)
     async with httpx.AsyncClient(base_url=url) as client:
-        server_metrics = (await client.get("/metrics")).json()
+        server_metrics = (await client.get("/metrics", params={"format": "json"})).json()
     config = {key: getattr(args, key) for key in ("concurrency", "num_prompts", "input_len", "output_len",
                                                    "temperature", "warmup", "seed")}  # fmt: skip
     return {"model": model, **config, "server_metrics": server_metrics}, report(bench, elapsed)

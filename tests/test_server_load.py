@@ -28,7 +28,7 @@ def server_url(tiny_model_dir):  # noqa: F811
 
 
 def metrics(url: str) -> dict:
-    return httpx.get(f"{url}/metrics").json()
+    return httpx.get(f"{url}/metrics?format=json").json()
 
 
 def settled(url: str, aborted: int) -> dict:

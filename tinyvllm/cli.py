@@ -10,6 +10,7 @@ when it runs, so `tinyvllm --help` loads no Numba.
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -131,6 +132,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         served_model_name=args.served_model_name,
         max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes,
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,  # as vllm serve reads it
+        log_requests=not args.disable_log_requests,
+        log_stats=not args.disable_log_stats,
     )
 
 
@@ -231,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "model_tag", nargs="?", metavar="MODEL", help="Hugging Face model directory, as --model (vllm serve MODEL)"
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (no authentication: keep it local)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (without --api-key, keep it local)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* (default: $VLLM_API_KEY)")
+    serve.add_argument("--disable-log-requests", action="store_true", help="no log line per request")
+    serve.add_argument("--disable-log-stats", action="store_true", help="no periodic engine stats line")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="the model's name in the API (default: the model directory's name)")
     serve.add_argument(

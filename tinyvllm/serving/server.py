@@ -4,8 +4,7 @@
     POST /v1/completions       prompt (text or token ids) -> text
     POST /v1/chat/completions  messages -> assistant message
     GET  /health               200 while the engine thread runs, else 503
-    GET  /metrics              JSON: running / waiting requests, free / total KV blocks,
-                               requests served / aborted / rejected, preemptions
+    GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: JSON
 
 Both generation endpoints stream server-sent events with `"stream": true` (one chunk per
 step that made text final, then `data: [DONE]`), and answer with one JSON object otherwise.
@@ -18,7 +17,8 @@ While streaming, text that could be the start of a stop string is held back unti
 next tokens tell (the engine cuts a stop string when it completes), so the streamed
 deltas always add up to the non-streamed text.
 
-The server has no authentication: it binds 127.0.0.1 unless told otherwise.
+With an API key (`--api-key` or VLLM_API_KEY), /v1/* needs `Authorization: Bearer <key>`; without
+one it binds 127.0.0.1 unless told otherwise. Request and stats logs: `tinyvllm.serving.middleware`.
 """
 
 import asyncio
@@ -42,6 +42,8 @@ from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, Request
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.serving.metrics import CONTENT_TYPE, ServerMetrics
+from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever
 from tinyvllm.serving.protocol import (
     API,
     ChatAPI,
@@ -59,6 +61,7 @@ from tinyvllm.serving.protocol import (
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+STATS_INTERVAL_S = 10.0
 GRACEFUL_SHUTDOWN_S = 5  # then open streams are cut
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobody reads it
 
@@ -68,6 +71,9 @@ class ServerConfig:
     served_model_name: str
     max_tokens_limit: int  # the most max_tokens a request may ask for
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = None  # required on /v1/* when set
+    log_requests: bool = True
+    stats_interval_s: float | None = STATS_INTERVAL_S  # None: no periodic stats line
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_body_bytes"):
@@ -82,6 +88,7 @@ class OpenAIServer:
         self.config = config
         self.defaults = engine.engine.default_sampling_params()
         self.created = int(time.time())
+        self.request_metrics = ServerMetrics()
 
     def app(self) -> Starlette:
         routes = [
@@ -92,12 +99,16 @@ class OpenAIServer:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]
         handlers = {OpenAIError: _error_response, HTTPException: _http_error, EngineClosedError: _engine_closed}
-        return Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+        app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+        app.add_middleware(ServingMiddleware, api_key=self.config.api_key, log_requests=self.config.log_requests)
+        return app
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
         self.engine.start()
+        stats = asyncio.create_task(log_stats_forever(self.engine, self.request_metrics, self.config.stats_interval_s))
         yield
+        stats.cancel()
         await asyncio.to_thread(self.engine.shutdown)
 
     # -- endpoints ----------------------------------------------------------------------
@@ -107,7 +118,10 @@ class OpenAIServer:
         return JSONResponse({"status": "ok"})
 
     async def metrics(self, request: Request) -> Response:
-        return JSONResponse(self.engine.stats())
+        if request.query_params.get("format") == "json":
+            return JSONResponse(self.engine.stats())
+        text = self.request_metrics.render(self.engine.stats(), self.config.served_model_name)
+        return Response(text, media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.config.served_model_name, "object": "model", "created": self.created,
@@ -135,10 +149,11 @@ class OpenAIServer:
         except ValueError as error:
             raise bad_request(error, generation.prompt_field) from None
         head = response_head(api, request_id, self.config.served_model_name, chunk=generation.stream)
+        outputs = self.request_metrics.track(stream, request.state.tinyvllm_record)
         if generation.stream:
-            return _EventStream(stream_events(api, head, stream, generation), stream)
+            return _EventStream(stream_events(api, head, outputs, generation), stream)
         try:
-            output = await _final_output(request, stream)
+            output = await _final_output(request, outputs)
         finally:
             stream.abort()
         if output is None:
@@ -168,9 +183,9 @@ async def read_json(request: Request, limit: int) -> dict:
     return value
 
 
-async def _final_output(request: Request, stream: RequestStream) -> RequestOutput | None:
+async def _final_output(request: Request, outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
     """The finished output, or None when the client disconnects first."""
-    collect = asyncio.ensure_future(_last_output(stream))
+    collect = asyncio.ensure_future(_last_output(outputs))
     disconnect = asyncio.ensure_future(_until_disconnected(request))
     try:
         done, _ = await asyncio.wait((collect, disconnect), return_when=asyncio.FIRST_COMPLETED)
@@ -180,8 +195,8 @@ async def _final_output(request: Request, stream: RequestStream) -> RequestOutpu
     return collect.result() if collect in done else None
 
 
-async def _last_output(stream: RequestStream) -> RequestOutput:
-    async for output in stream:
+async def _last_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    async for output in outputs:
         last = output
     return last
 
@@ -263,15 +278,23 @@ def run_server(
     served_model_name: str | None = None,
     max_tokens_limit: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    api_key: str | None = None,
+    log_requests: bool = True,
+    log_stats: bool = True,
 ) -> None:
     """Load the model, then serve until interrupted. max_tokens_limit defaults to max_model_len."""
     import uvicorn
+
+    default_logging()
 
     engine = LLMEngine(model, engine_config=engine_config)
     config = ServerConfig(
         served_model_name=served_model_name or engine.model_dir.name,
         max_tokens_limit=engine.max_model_len if max_tokens_limit is None else max_tokens_limit,
         max_body_bytes=max_body_bytes,
+        api_key=api_key,
+        log_requests=log_requests,
+        stats_interval_s=STATS_INTERVAL_S if log_stats else None,
     )
     app = OpenAIServer(AsyncEngine(engine), config).app()
     uvicorn.run(app, host=host, port=port, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
