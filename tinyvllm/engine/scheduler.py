@@ -43,6 +43,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 
@@ -85,6 +86,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # read-only outside: queue order
         self.running: list[Sequence] = []  # read-only outside: admission order, last preempted first
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens found cached
+        self._cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._unfinished: dict[str, Sequence] = {}
         self._static_batch: set[str] = set()  # request ids of the active static batch
@@ -151,6 +155,7 @@ class Scheduler:
         del seq.token_ids[len(seq.known_token_ids) :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
+        seq.block_keys = []
         del self._unfinished[seq.request_id]
         self._static_batch.discard(seq.request_id)
 
@@ -203,6 +208,8 @@ class Scheduler:
         batch.pending_indices = []
         for seq, num_new, samples in zip(batch.seqs, counts, sampling):
             seq.num_computed_tokens += num_new
+            if self._cache is not None:
+                register_computed_blocks(self._cache, seq, self.config.block_size)
             if samples:
                 seq.pending_sample_row = len(batch.pending_indices)
                 batch.pending_indices.append(seq.num_tokens)
@@ -226,6 +233,8 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.token_ids[index] = token
+            if self._cache is not None:  # a block computed while this token was pending is full now
+                register_computed_blocks(self._cache, seq, self.config.block_size)
             reason = self._stop_reason(seq, token, index + 1)
             if reason is not None:
                 self.finish(seq, reason)
@@ -261,9 +270,7 @@ class Scheduler:
 
     # --8<-- [start:preempt]
     def _preempt(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
-        seq.num_computed_tokens = 0
+        self._drop_blocks(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -280,14 +287,32 @@ class Scheduler:
             seq = self.waiting[0]
             if static and seq.request_id not in self._static_batch:
                 break
-            num_new = min(seq.num_tokens, budget)
-            if not self._grow(seq, num_new):
+            num_cached = attach_prefix(self._cache, seq, self.config.block_size) if self._cache is not None else 0
+            num_new = min(seq.num_tokens - num_cached, budget)
+            if not self._grow(seq, num_cached + num_new):
+                self._drop_blocks(seq)
                 break
+            if self._cache is not None:
+                self._count_hit(seq, num_cached)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._place(seq, num_new, decodes, prefills)
             budget -= num_new
+
+    def _drop_blocks(self, seq: Sequence) -> None:
+        """Free seq's blocks and count nothing computed (cached blocks stay cached, unowned)."""
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.block_keys = []
+        seq.num_computed_tokens = 0
+
+    def _count_hit(self, seq: Sequence, num_cached: int) -> None:
+        """Count an admitted sequence's lookup; its first admission sets num_cached_tokens."""
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += num_cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached
 
     def _choose_static_batch(self) -> None:
         free = self.allocator.num_free
