@@ -99,6 +99,7 @@ class PrefixCachingAllocator(BlockAllocator):
             self._unowned.pop(block_id, None)
             self._ref_counts[block_id] += 1
 
+    # --8<-- [start:lookup]
     def lookup(self, token_ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
         """The longest cached prefix of token_ids in full blocks: (block ids, their keys)."""
         blocks: list[int] = []
@@ -118,6 +119,8 @@ class PrefixCachingAllocator(BlockAllocator):
             parent_key, parent_block = key, block_id
             parent_generation = int(self._generation[block_id])
         return blocks, keys
+
+    # --8<-- [end:lookup]
 
     def register(self, block_id: int, parent_key: int, token_ids: tuple[int, ...], parent_block: int) -> int:
         """Make an owned full block, which follows parent_block (-1 for none) keyed parent_key,

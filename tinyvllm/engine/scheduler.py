@@ -12,10 +12,15 @@ A decode computes 1 token; a prefill computes its prompt, or only a chunk of it 
 step's token budget `max_num_batched_tokens` runs out (chunked prefill). A sequence samples
 a new token only in the step whose chunk reaches the end of its token_ids.
 
+With a PrefixCachingAllocator (`enable_prefix_caching`), a sequence joining the running
+set first attaches the longest cached prefix of its tokens but the last (owners up, counted
+computed), so its prefill computes only the rest, the way a chunked prefill continues; the
+blocks its steps fill are registered in the cache as they complete.
+
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
 exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
 and none is free, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed, num_computed_tokens goes back to 0 and it waits at the FRONT of the
+its blocks are freed (cached ones stay cached), num_computed_tokens goes back to 0 and it waits at the FRONT of the
 queue, keeping its sampled tokens. Readmitted, its whole token list is its "prompt" and its
 next sample is the token it would have sampled anyway (the sampler draws from (seed,
 position)). `add` refuses a request whose longest possible sequence does not fit the whole
@@ -275,6 +280,13 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _drop_blocks(self, seq: Sequence) -> None:
+        """Free seq's blocks and count nothing computed (cached blocks stay cached, unowned)."""
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.block_keys = []
+        seq.num_computed_tokens = 0
+
     # --8<-- [end:preempt]
 
     # --8<-- [start:admit]
@@ -299,13 +311,6 @@ class Scheduler:
             self.running.append(seq)
             self._place(seq, num_new, decodes, prefills)
             budget -= num_new
-
-    def _drop_blocks(self, seq: Sequence) -> None:
-        """Free seq's blocks and count nothing computed (cached blocks stay cached, unowned)."""
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
-        seq.block_keys = []
-        seq.num_computed_tokens = 0
 
     def _count_hit(self, seq: Sequence, num_cached: int) -> None:
         """Count an admitted sequence's lookup; its first admission sets num_cached_tokens."""
