@@ -154,13 +154,19 @@ class PrefixCachingAllocator(BlockAllocator):
         del self._registered_at[block_id]
 
 
-def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> int:
-    """Give a waiting seq the longest cached prefix of its tokens but the last (which is
-    computed, so that the next token is sampled), counted computed; returns its length."""
+def cached_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> tuple[list[int], list[int]]:
+    """The cached blocks (and keys) of seq's longest cached prefix of known tokens but the
+    last, which is always computed so that the next token is sampled."""
     tokens = seq.token_ids[: seq.num_tokens - 1]
     if PENDING_TOKEN in tokens:
         tokens = tokens[: tokens.index(PENDING_TOKEN)]
-    blocks, keys = cache.lookup(tokens, block_size)
+    return cache.lookup(tokens, block_size)
+
+
+def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> int:
+    """Give a waiting seq its cached prefix (one more owner per block), counted computed;
+    returns its length in tokens."""
+    blocks, keys = cached_prefix(cache, seq, block_size)
     cache.acquire(blocks)
     seq.block_table = blocks
     seq.block_keys = keys

@@ -48,7 +48,12 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
-from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
+from tinyvllm.engine.prefix_cache import (
+    PrefixCachingAllocator,
+    attach_prefix,
+    cached_prefix,
+    register_computed_blocks,
+)
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 
@@ -323,6 +328,9 @@ class Scheduler:
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
+            if self._cache is not None:  # a hit on an owned block takes nothing from the free ones
+                blocks, _ = cached_prefix(self._cache, seq, self.config.block_size)
+                need -= int(np.count_nonzero(self.allocator.ref_counts[blocks]))
             if len(self._static_batch) == self.config.max_num_seqs or need > free:
                 break
             free -= need
