@@ -48,12 +48,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
-from tinyvllm.engine.prefix_cache import (
-    PrefixCachingAllocator,
-    attach_prefix,
-    cached_prefix,
-    register_computed_blocks,
-)
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, cached_prefix, register_computed_blocks
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 
