@@ -15,6 +15,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler
 from tinyvllm.engine.sequence import Sequence, SequenceStatus
 from tinyvllm.sampling_params import SamplingParams
@@ -97,11 +98,13 @@ def make_config(**options) -> ResolvedEngineConfig:
     return ResolvedEngineConfig(**{"max_num_batched_tokens": 8192, "max_model_len": MAX_MODEL_LEN, **options})
 
 
-def make_scheduler(**options) -> tuple[Scheduler, FakePagedModel]:
-    """A scheduler over options["num_blocks"] blocks whose model stops at EOS, and its fake model."""
+def make_scheduler(*, prefix_caching: bool = False, **options) -> tuple[Scheduler, FakePagedModel]:
+    """A scheduler over options["num_blocks"] blocks whose model stops at EOS, and its fake
+    model; with prefix_caching, its allocator is a PrefixCachingAllocator."""
     config = make_config(**options)
     model = FakePagedModel(config.num_blocks, config.block_size)
-    return Scheduler(config, BlockAllocator(config.num_blocks), eos_token_ids=(EOS,)), model
+    allocator = (PrefixCachingAllocator if prefix_caching else BlockAllocator)(config.num_blocks)
+    return Scheduler(config, allocator, eos_token_ids=(EOS,)), model
 
 
 def step(scheduler: Scheduler, model: FakePagedModel) -> ScheduledBatch | None:

@@ -159,6 +159,11 @@ def test_every_option_is_a_flag_with_its_default():
     )
 
 
+def test_prefix_caching_is_on_by_default_and_off_by_flag():
+    assert parse_engine_flags([]).enable_prefix_caching is True
+    assert parse_engine_flags(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+
+
 def test_a_bad_engine_flag_exits_naming_the_option(tmp_path):
     with pytest.raises(SystemExit, match="tinyvllm generate: block_size: must be a power of two"):
         main(["generate", "hi", "--model", str(tmp_path), "--backend", "numpy", "--block-size", "12"])

@@ -29,7 +29,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = spec.metadata["help"]
         kind = option_type(spec)
         if kind is bool:
-            group.add_argument(flag, action="store_true", help=help_text)
+            # --no-X turns off an option that is on by default (--no-enable-prefix-caching).
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default, help=help_text)
             continue
         if spec.default is not None:
             help_text += f" (default: {spec.default})"

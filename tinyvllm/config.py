@@ -54,6 +54,7 @@ class EngineConfig:
     )
     linear_backend: str = option("auto", "cuda: the matrix-product kernels", choices=LINEAR_BACKENDS)
     enforce_eager: bool = option(False, "no CUDA graphs")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes seen before")
     activation_dtype: str = option("float32", "numpy: how activations are stored", choices=ACTIVATION_DTYPES)
     cpu_kv_cache_gib: float = option(1.0, "numpy: KV-cache size in GiB of host memory")
     # --8<-- [end:engine-args]

@@ -236,6 +236,8 @@ class AsyncEngine:
             "num_free_blocks": scheduler.num_free_blocks,
             "num_total_blocks": scheduler.allocator.num_blocks,
             "num_preemptions": scheduler.num_preemptions,
+            "prefix_cache_queries": scheduler.prefix_cache_queries,
+            "prefix_cache_hits": scheduler.prefix_cache_hits,
             **self._counters,
         }
 

@@ -80,11 +80,14 @@ class BlockAllocator:
         if over.size:
             raise ValueError(f"double free of KV-cache blocks {over.tolist()}")
         self._ref_counts[ids] -= counts.astype(np.int32)
-        released = ids[self._ref_counts[ids] == 0]
-        self._free_stack[self._top : self._top + released.size] = released
-        self._top += released.size
+        self._release(ids[self._ref_counts[ids] == 0])
 
     # --8<-- [end:allocate-free]
+
+    def _release(self, released: np.ndarray) -> None:
+        """Blocks whose last owner just freed them go back on the free stack."""
+        self._free_stack[self._top : self._top + released.size] = released
+        self._top += released.size
 
     def _checked(self, block_ids) -> np.ndarray:
         block_ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)

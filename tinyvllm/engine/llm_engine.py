@@ -19,6 +19,7 @@ from tinyvllm.config import EngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from tinyvllm.engine.model_runner import LaunchedStep
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler
 from tinyvllm.engine.sequence import RequestOutput, Sequence
 from tinyvllm.engine.setup import build_runner
@@ -46,8 +47,9 @@ class LLMEngine:
         self.engine_config = options.resolve(self.config)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         self.runner = build_runner(self.config, load_weights(model_dir, self.config), self.engine_config)
+        allocator_class = PrefixCachingAllocator if self.engine_config.enable_prefix_caching else BlockAllocator
         self.scheduler = Scheduler(
-            self.engine_config, BlockAllocator(self.runner.num_blocks), eos_token_ids=self.config.stop_token_ids
+            self.engine_config, allocator_class(self.runner.num_blocks), eos_token_ids=self.config.stop_token_ids
         )
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._sequences: dict[str, Sequence] = {}

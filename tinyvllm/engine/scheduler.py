@@ -12,10 +12,15 @@ A decode computes 1 token; a prefill computes its prompt, or only a chunk of it 
 step's token budget `max_num_batched_tokens` runs out (chunked prefill). A sequence samples
 a new token only in the step whose chunk reaches the end of its token_ids.
 
+With a PrefixCachingAllocator (`enable_prefix_caching`), a sequence joining the running
+set first attaches the longest cached prefix of its tokens but the last (owners up, counted
+computed), so its prefill computes only the rest, the way a chunked prefill continues; the
+blocks its steps fill are registered in the cache as they complete.
+
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
 exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
 and none is free, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed, num_computed_tokens goes back to 0 and it waits at the FRONT of the
+its blocks are freed (cached ones stay cached), num_computed_tokens goes back to 0 and it waits at the FRONT of the
 queue, keeping its sampled tokens. Readmitted, its whole token list is its "prompt" and its
 next sample is the token it would have sampled anyway (the sampler draws from (seed,
 position)). `add` refuses a request whose longest possible sequence does not fit the whole
@@ -43,6 +48,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, cached_prefix, register_computed_blocks
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
 
@@ -85,6 +91,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # read-only outside: queue order
         self.running: list[Sequence] = []  # read-only outside: admission order, last preempted first
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens found cached
+        self._cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._unfinished: dict[str, Sequence] = {}
         self._static_batch: set[str] = set()  # request ids of the active static batch
@@ -151,6 +160,7 @@ class Scheduler:
         del seq.token_ids[len(seq.known_token_ids) :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
+        seq.block_keys = []
         del self._unfinished[seq.request_id]
         self._static_batch.discard(seq.request_id)
 
@@ -203,6 +213,8 @@ class Scheduler:
         batch.pending_indices = []
         for seq, num_new, samples in zip(batch.seqs, counts, sampling):
             seq.num_computed_tokens += num_new
+            if self._cache is not None:
+                register_computed_blocks(self._cache, seq, self.config.block_size)
             if samples:
                 seq.pending_sample_row = len(batch.pending_indices)
                 batch.pending_indices.append(seq.num_tokens)
@@ -226,6 +238,8 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.token_ids[index] = token
+            if self._cache is not None:  # a block computed while this token was pending is full now
+                register_computed_blocks(self._cache, seq, self.config.block_size)
             reason = self._stop_reason(seq, token, index + 1)
             if reason is not None:
                 self.finish(seq, reason)
@@ -261,12 +275,17 @@ class Scheduler:
 
     # --8<-- [start:preempt]
     def _preempt(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
-        seq.num_computed_tokens = 0
+        self._drop_blocks(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _drop_blocks(self, seq: Sequence) -> None:
+        """Free seq's blocks and count nothing computed (cached blocks stay cached, unowned)."""
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.block_keys = []
+        seq.num_computed_tokens = 0
 
     # --8<-- [end:preempt]
 
@@ -280,19 +299,33 @@ class Scheduler:
             seq = self.waiting[0]
             if static and seq.request_id not in self._static_batch:
                 break
-            num_new = min(seq.num_tokens, budget)
-            if not self._grow(seq, num_new):
+            num_cached = attach_prefix(self._cache, seq, self.config.block_size) if self._cache is not None else 0
+            num_new = min(seq.num_tokens - num_cached, budget)
+            if not self._grow(seq, num_cached + num_new):
+                self._drop_blocks(seq)
                 break
+            if self._cache is not None:
+                self._count_hit(seq, num_cached)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._place(seq, num_new, decodes, prefills)
             budget -= num_new
 
+    def _count_hit(self, seq: Sequence, num_cached: int) -> None:
+        """Count an admitted sequence's lookup; its first admission sets num_cached_tokens."""
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += num_cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached
+
     def _choose_static_batch(self) -> None:
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
+            if self._cache is not None:  # a hit on an owned block takes nothing from the free ones
+                blocks, _ = cached_prefix(self._cache, seq, self.config.block_size)
+                need -= int(np.count_nonzero(self.allocator.ref_counts[blocks]))
             if len(self._static_batch) == self.config.max_num_seqs or need > free:
                 break
             free -= need

@@ -69,6 +69,8 @@ class Sequence:
         self.num_computed_tokens = 0
         self.pending_sample_row = -1
         self.block_table: list[int] = []
+        self.block_keys: list[int] = []  # prefix-cache keys of the first blocks of block_table
+        self.num_cached_tokens: int | None = None  # prompt tokens found cached at first admission
         self.sampling_params = sampling_params
         seed = sampling_params.seed
         self.seed = seed if seed is not None else secrets.randbelow(SEED_LIMIT)
@@ -134,6 +136,8 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None
     finished: bool
+    num_cached_tokens: int = 0
+    """Prompt tokens whose K/V came from the prefix cache (vLLM's name)."""
 
     @classmethod
     def from_sequence(cls, seq: Sequence, text: str) -> "RequestOutput":
@@ -146,4 +150,5 @@ class RequestOutput:
             token_ids=seq.completion_token_ids,
             finish_reason=seq.finish_reason,
             finished=seq.is_finished,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )

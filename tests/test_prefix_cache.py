@@ -1,0 +1,233 @@
+"""The prefix cache in the block manager: a hypothesis state machine keeps owners, free
+blocks and cached contents consistent (with an honest hash and with one that collides all
+the time), and the scheduler serves shared prefixes from it without changing any token."""
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from tests.scheduler_harness import VOCAB, assert_matches_reference, drain, make_scheduler, step
+from tinyvllm.engine import prefix_cache
+from tinyvllm.engine.block_manager import blocks_needed
+from tinyvllm.engine.prefix_cache import (
+    ROOT_KEY,
+    PrefixCachingAllocator,
+    attach_prefix,
+    block_hash,
+    register_computed_blocks,
+)
+from tinyvllm.engine.sequence import Sequence
+from tinyvllm.sampling_params import SamplingParams
+
+PREFIXES = ([1, 2, 3, 4, 5, 1, 2, 3], [2, 2, 2, 2, 3, 3, 3, 3], [1, 2, 3, 4, 4, 4, 4, 4])
+
+
+def colliding_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
+    """A hash with three values: most different blocks share a key."""
+    return block_hash(parent_key, token_ids) % 3
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    """Requests built from a few shared prefixes are admitted (attaching their cached prefix),
+    grow, finish, are preempted (and readmitted) or aborted, and a hog takes every free
+    block to force eviction. `content` plays the K/V: what each block's owner wrote in it."""
+
+    hash_function = staticmethod(block_hash)
+
+    @initialize(block_size=st.sampled_from((1, 2, 4)), num_blocks=st.integers(1, 12))
+    def setup(self, block_size, num_blocks):
+        self._saved_hash = prefix_cache.block_hash
+        prefix_cache.block_hash = self.hash_function
+        self.block_size = block_size
+        self.allocator = PrefixCachingAllocator(num_blocks)
+        self.content = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.active: list[Sequence] = []
+        self.count = 0
+
+    def teardown(self):
+        if hasattr(self, "allocator"):
+            for seq in self.active:
+                self.allocator.free(seq.block_table)
+            assert self.allocator.num_free == self.allocator.num_blocks, "blocks leaked"
+            assert not self.allocator.ref_counts.any()
+            prefix_cache.block_hash = self._saved_hash
+
+    def _admit(self, tokens: list[int]) -> None:
+        seq = Sequence(f"r{self.count}", tokens, SamplingParams())
+        self.count += 1
+        served = attach_prefix(self.allocator, seq, self.block_size)
+        assert served <= len(tokens) - 1
+        for index, block_id in enumerate(seq.block_table):  # a hit serves the right K/V
+            expected = tokens[index * self.block_size : (index + 1) * self.block_size]
+            assert self.content[block_id].tolist() == expected
+        self.active.append(seq)
+
+    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 5), max_size=6), cut=st.integers(0, 8))
+    def hit(self, prefix, suffix, cut):
+        tokens = prefix[:cut] + suffix
+        if tokens:
+            self._admit(tokens)
+
+    @rule(data=st.data(), num_new=st.integers(1, 6))
+    def append(self, data, num_new):
+        """Compute some of a request's tokens: grow its table, write them, register full blocks."""
+        if not self.active:
+            return
+        seq = data.draw(st.sampled_from(self.active))
+        end = min(seq.num_tokens, seq.num_computed_tokens + num_new)
+        missing = blocks_needed(end, self.block_size) - len(seq.block_table)
+        if not self.allocator.can_allocate(missing):
+            return
+        new_blocks = self.allocator.allocate(missing).tolist()
+        self.content[new_blocks] = -1
+        seq.block_table.extend(new_blocks)
+        for position in range(seq.num_computed_tokens, end):
+            block_id = seq.block_table[position // self.block_size]
+            self.content[block_id, position % self.block_size] = seq.token_ids[position]
+        seq.num_computed_tokens = end
+        register_computed_blocks(self.allocator, seq, self.block_size)
+
+    def _end(self, seq: Sequence) -> None:
+        self.active.remove(seq)
+        self.allocator.free(seq.block_table)
+
+    @rule(data=st.data())
+    def finish_or_abort(self, data):
+        if self.active:
+            self._end(data.draw(st.sampled_from(self.active)))
+
+    @rule(data=st.data())
+    def preempt(self, data):
+        """Recompute: ownership goes, the request comes back and finds what stayed cached."""
+        if self.active:
+            seq = data.draw(st.sampled_from(self.active))
+            self._end(seq)
+            self._admit(seq.token_ids)
+
+    @rule()
+    def evict(self):
+        hog = self.allocator.allocate(self.allocator.num_free)
+        self.content[hog] = -1
+        assert self.allocator.num_free == 0 and not self.allocator.unowned_cached_blocks()
+        self.allocator.free(hog)
+
+    @invariant()
+    def owners_equal_reference_counts(self):
+        if not hasattr(self, "allocator"):
+            return
+        owners = np.zeros(self.allocator.num_blocks, dtype=np.int64)
+        for seq in self.active:
+            np.add.at(owners, seq.block_table, 1)
+        assert owners.tolist() == self.allocator.ref_counts.tolist()
+
+    @invariant()
+    def free_unowned_and_owned_are_disjoint(self):
+        if not hasattr(self, "allocator"):
+            return
+        allocator = self.allocator
+        on_stack = set(allocator._free_stack[: allocator._top].tolist())  # the allocator's own free list
+        unowned = allocator.unowned_cached_blocks()
+        owned = set(np.flatnonzero(allocator.ref_counts).tolist())
+        assert len(unowned) == len(set(unowned))
+        assert not on_stack & owned and not set(unowned) & owned and not on_stack & set(unowned)
+        assert len(on_stack) + len(unowned) + len(owned) == allocator.num_blocks
+        assert all(allocator.cached_block(b) is not None for b in unowned)
+        assert not any(allocator.cached_block(b) is not None for b in on_stack)
+
+    @invariant()
+    def cached_blocks_hold_their_chain(self):
+        if not hasattr(self, "allocator"):
+            return
+        for block_id in range(self.allocator.num_blocks):
+            entry = self.allocator.cached_block(block_id)
+            if entry is None:
+                continue
+            assert list(entry.token_ids) == self.content[block_id].tolist()
+            if entry.parent_block < 0:
+                assert entry.key == prefix_cache.block_hash(ROOT_KEY, entry.token_ids)
+                continue
+            parent = self.allocator.cached_block(entry.parent_block)
+            if parent is not None and int(self.allocator._generation[entry.parent_block]) == entry.parent_generation:
+                assert entry.key == prefix_cache.block_hash(parent.key, entry.token_ids)
+
+
+class CollidingPrefixCacheMachine(PrefixCacheMachine):
+    hash_function = staticmethod(colliding_hash)
+
+
+TestPrefixCache = PrefixCacheMachine.TestCase
+TestPrefixCache.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCollidingPrefixCache = CollidingPrefixCacheMachine.TestCase
+TestCollidingPrefixCache.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def _shared_prefix_requests(count: int, seed: int, max_len: int) -> list[tuple[list[int], SamplingParams]]:
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, VOCAB, size=int(rng.integers(4, max_len // 2))).tolist() for _ in range(3)]
+    requests = []
+    for _ in range(count):
+        prefix = prefixes[int(rng.integers(len(prefixes)))]
+        suffix = rng.integers(0, VOCAB, size=int(rng.integers(0, 6))).tolist()
+        prompt = (prefix + suffix)[: max_len - 1]
+        requests.append((prompt, SamplingParams(max_tokens=int(rng.integers(1, 12)), ignore_eos=True)))
+    return requests
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+@pytest.mark.parametrize("colliding", [False, True])
+def test_many_shared_prefix_requests_on_a_tiny_arena(monkeypatch, mode, colliding):
+    """500 requests over 3 prefixes, chunked, on an arena that forces eviction and
+    preemption: every request gets the plain loop's tokens and no block leaks."""
+    if colliding:
+        monkeypatch.setattr(prefix_cache, "block_hash", colliding_hash)
+    max_len = 40
+    options = dict(mode=mode, block_size=4, max_num_seqs=6, max_num_batched_tokens=24, max_model_len=max_len)
+    scheduler, model = make_scheduler(prefix_caching=True, num_blocks=14, **options)
+    seqs = []
+    for index, (prompt, params) in enumerate(_shared_prefix_requests(500, seed=3, max_len=max_len)):
+        seqs.append(Sequence(f"request-{index}", prompt, params))
+        scheduler.add(seqs[-1])
+        if index % 7 == 0:
+            step(scheduler, model)
+    drain(scheduler, model, max_steps=100_000)
+    for seq in seqs:
+        assert_matches_reference(seq, max_len)
+    assert scheduler.num_preemptions > 0
+    assert scheduler.prefix_cache_hits > 0
+    assert scheduler.allocator.num_free == scheduler.allocator.num_blocks
+    assert not scheduler.allocator.ref_counts.any()
+
+
+def test_second_request_reuses_the_first_ones_prefix():
+    scheduler, model = make_scheduler(prefix_caching=True, block_size=4, num_blocks=16)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
+    first = Sequence("first", prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+    scheduler.add(first)
+    drain(scheduler, model)
+    second = Sequence("second", prompt + [2], SamplingParams(max_tokens=3, ignore_eos=True))
+    scheduler.add(second)
+    batch = step(scheduler, model)
+    assert batch.num_scheduled_tokens.tolist() == [3]  # 8 of its 11 tokens were cached
+    drain(scheduler, model)
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 8)
+    assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (21, 8)
+    assert_matches_reference(second)
+
+
+def test_the_last_prompt_token_is_always_computed():
+    scheduler, model = make_scheduler(prefix_caching=True, block_size=4, num_blocks=16)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    for name in ("first", "second"):
+        seq = Sequence(name, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        scheduler.add(seq)
+        drain(scheduler, model)
+        assert_matches_reference(seq)
+    assert seq.num_cached_tokens == 4  # the second block holds the last prompt token
+
+
+def test_register_refuses_a_free_block():
+    allocator = PrefixCachingAllocator(2)
+    with pytest.raises(ValueError, match="free block 0"):
+        allocator.register(0, ROOT_KEY, (1, 2), -1)
