@@ -16,7 +16,8 @@ import numpy as np
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
-from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
+from tinyvllm.engine.scheduler import Scheduler
 from tinyvllm.engine.sequence import Sequence, SequenceStatus
 from tinyvllm.sampling_params import SamplingParams
 

@@ -61,6 +61,9 @@ def test_metrics_are_prometheus_text_that_agree_with_the_engine(engine):
     used = stats["num_total_blocks"] - stats["num_free_blocks"]
     assert samples["vllm:kv_cache_usage_perc", label] == pytest.approx(used / stats["num_total_blocks"])
     assert samples["vllm:num_preemptions_total", label] == stats["num_preemptions"]
+    # each request's prompt is looked up once at admission (nothing was preempted)
+    assert samples["vllm:prefix_cache_queries_total", label] == sum(u["prompt_tokens"] for u in usages)
+    assert samples["vllm:prefix_cache_hits_total", label] == stats["prefix_cache_hits"]
     assert samples["vllm:prompt_tokens_total", label] == sum(u["prompt_tokens"] for u in usages)
     assert samples["vllm:generation_tokens_total", label] == sum(u["completion_tokens"] for u in usages)
     assert samples["vllm:request_success_total", f'{label},finished_reason="length"'] == 3

@@ -19,7 +19,7 @@ from tinyvllm import LLM, SamplingParams
 from tinyvllm.backends.numpy_backend import NumpyBackend
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.cuda_graphs import pad_decode_step
-from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.step_inputs import HostStep, StepBuffers, build_step, empty_step
 from tinyvllm.model.step_fields import STEP_FIELD_NAMES, STEP_FIELDS, StepInputs

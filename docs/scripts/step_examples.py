@@ -11,7 +11,7 @@ import numpy as np
 from tests.random_llama import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm.backends.kernel_list import decode_kernel_count
 from tinyvllm.engine.model_runner import build_step
-from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.llm import LLM
 from tinyvllm.model.config import ModelConfig

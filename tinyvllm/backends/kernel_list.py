@@ -85,7 +85,7 @@ def prepare_decode_step(runner, batch: int, context: int, *, capture_graphs: boo
     import numpy as np
 
     from tinyvllm.engine.block_manager import blocks_needed
-    from tinyvllm.engine.scheduler import ScheduledBatch
+    from tinyvllm.engine.scheduled_batch import ScheduledBatch
     from tinyvllm.engine.sequence import Sequence
     from tinyvllm.sampling_params import SamplingParams
 

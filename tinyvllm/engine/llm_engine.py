@@ -20,7 +20,8 @@ from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from tinyvllm.engine.model_runner import LaunchedStep
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
-from tinyvllm.engine.scheduler import ScheduledBatch, Scheduler
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
+from tinyvllm.engine.scheduler import Scheduler
 from tinyvllm.engine.sequence import RequestOutput, Sequence
 from tinyvllm.engine.setup import build_runner
 from tinyvllm.model.config import ModelConfig

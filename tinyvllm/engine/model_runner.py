@@ -19,7 +19,7 @@ from tinyvllm.backends.base import Backend
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
-from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.step_inputs import StepBuffers, build_step
 from tinyvllm.model.config import ModelConfig

@@ -42,38 +42,14 @@ Policies (EngineConfig.mode):
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, cached_prefix, register_computed_blocks
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledBatch:
-    """One step's work. Sequence i computes the tokens at positions
-    seqs[i].num_computed_tokens .. + num_scheduled_tokens[i] - 1 (its block table already
-    covers them) and, when samples[i], samples the next token from the last one's logits.
-    The first num_decodes entries are decodes (one token, sampled), the rest prefills or
-    prefill chunks, each group in scheduling order."""
-
-    seqs: list[Sequence]
-    num_scheduled_tokens: np.ndarray  # int32 [len(seqs)]
-    samples: np.ndarray  # bool [len(seqs)]
-    num_decodes: int
-    pending_indices: list[int] = field(default_factory=list)
-    """Set by `launched`: where in its token_ids each sampling sequence holds the placeholder."""
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.num_scheduled_tokens.sum())
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.samples.sum())
 
 
 class Scheduler:

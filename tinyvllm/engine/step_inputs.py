@@ -21,7 +21,7 @@ import numpy as np
 
 from tinyvllm.backends.base import Backend
 from tinyvllm.config import ResolvedEngineConfig
-from tinyvllm.engine.scheduler import ScheduledBatch
+from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
 from tinyvllm.model.step_fields import STEP_FIELDS, StepInputs, step_class
 

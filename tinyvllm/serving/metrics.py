@@ -2,7 +2,8 @@
 
 The names are vLLM's, so dashboards and alerts built for `vllm serve` read tinyvllm unchanged:
 gauges of the scheduler (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`), counters of tokens, preemptions and finished requests
+`vllm:kv_cache_usage_perc`), counters of tokens, preemptions, prefix-cache queries and hits
+(`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`, in tokens) and finished requests
 (`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_preemptions_total`,
 `vllm:request_success_total` by finish reason), and histograms of time to first token and
 end-to-end latency. Every sample carries the `model_name` label, as vLLM's do.
@@ -101,6 +102,10 @@ class ServerMetrics:
         one("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", stats["num_requests_waiting"])
         one("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 is full).", usage)
         one("vllm:num_preemptions_total", "counter", "Preemptions since start.", stats["num_preemptions"])
+        one("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+            stats["prefix_cache_queries"])  # fmt: skip
+        one("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+            stats["prefix_cache_hits"])  # fmt: skip
         one("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens)
         one("vllm:generation_tokens_total", "counter", "Generated tokens of finished requests.", self.generation_tokens)
         success = [
