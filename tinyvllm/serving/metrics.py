@@ -88,8 +88,6 @@ class ServerMetrics:
     def render(self, stats: dict, model_name: str) -> str:
         """The exposition text: `stats` is AsyncEngine.stats(), the engine thread's last snapshot."""
         labels = f'model_name="{_escape(model_name)}"'
-        total = stats["num_total_blocks"]
-        usage = (total - stats["num_free_blocks"]) / total if total else 0.0
         out: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, rows: list[str]) -> None:
@@ -100,7 +98,8 @@ class ServerMetrics:
 
         one("vllm:num_requests_running", "gauge", "Requests in the running batch.", stats["num_requests_running"])
         one("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", stats["num_requests_waiting"])
-        one("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 is full).", usage)
+        one("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 is full).",
+            kv_cache_usage(stats))  # fmt: skip
         one("vllm:num_preemptions_total", "counter", "Preemptions since start.", stats["num_preemptions"])
         one("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
             stats["prefix_cache_queries"])  # fmt: skip
@@ -120,6 +119,12 @@ class ServerMetrics:
         e2e = self.e2e.lines("vllm:e2e_request_latency_seconds", labels)
         metric("vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", e2e)
         return "\n".join(out) + "\n"
+
+
+def kv_cache_usage(stats: dict) -> float:
+    """The fraction of KV-cache blocks in use (1 is full) in AsyncEngine.stats()."""
+    total = stats["num_total_blocks"]
+    return (total - stats["num_free_blocks"]) / total if total else 0.0
 
 
 def _escape(value: str) -> str:

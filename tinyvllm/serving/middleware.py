@@ -17,7 +17,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinyvllm.engine.async_engine import AsyncEngine
-from tinyvllm.serving.metrics import RequestRecord, ServerMetrics
+from tinyvllm.serving.metrics import RequestRecord, ServerMetrics, kv_cache_usage
 from tinyvllm.serving.protocol import OpenAIError
 
 logger = logging.getLogger("tinyvllm.serving")
@@ -97,12 +97,11 @@ async def log_stats_forever(engine: AsyncEngine, metrics: ServerMetrics, interva
         now = (time.perf_counter(), metrics.prompt_tokens, metrics.generation_tokens)
         elapsed = now[0] - last[0]
         stats = engine.stats()
-        total = stats["num_total_blocks"]
-        usage = 100 * (total - stats["num_free_blocks"]) / total if total else 0.0
         logger.info(
             "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Preemptions: %d",
             (now[1] - last[1]) / elapsed, (now[2] - last[2]) / elapsed,
-            stats["num_requests_running"], stats["num_requests_waiting"], usage, stats["num_preemptions"],
+            stats["num_requests_running"], stats["num_requests_waiting"], 100 * kv_cache_usage(stats),
+            stats["num_preemptions"],
         )  # fmt: skip
         last = now
