@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.scheduler_harness import VOCAB, assert_matches_reference, drain, make_scheduler, step
 from tinyvllm.engine import prefix_cache
-from tinyvllm.engine.block_manager import blocks_needed
+from tinyvllm.engine.block_manager import OutOfBlocks, blocks_needed
 from tinyvllm.engine.prefix_cache import (
     ROOT_KEY,
     PrefixCachingAllocator,
@@ -231,3 +231,16 @@ def test_register_refuses_a_free_block():
     allocator = PrefixCachingAllocator(2)
     with pytest.raises(ValueError, match="free block 0"):
         allocator.register(0, ROOT_KEY, (1, 2), -1)
+
+
+def test_allocating_more_than_is_free_evicts_nothing():
+    allocator = PrefixCachingAllocator(3)
+    (block,) = allocator.allocate(1)
+    allocator.register(int(block), ROOT_KEY, (1, 2), -1)
+    allocator.free([block])  # cached, unowned: counted free, evictable
+    with pytest.raises(OutOfBlocks):
+        allocator.allocate(4)
+    assert allocator.unowned_cached_blocks() == [block]
+    assert allocator.lookup([1, 2], 2) == ([block], [block_hash(ROOT_KEY, (1, 2))])
+    assert sorted(allocator.allocate(3).tolist()) == [0, 1, 2]  # now it is evicted, and used
+    assert allocator.num_cached == 0

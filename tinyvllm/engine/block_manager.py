@@ -41,7 +41,7 @@ class BlockAllocator:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self._top
+        return self.num_blocks - self.num_free
 
     @property
     def ref_counts(self) -> np.ndarray:
@@ -51,15 +51,15 @@ class BlockAllocator:
         return view
 
     def can_allocate(self, n: int) -> bool:
-        return n <= self._top
+        return n <= self.num_free
 
     # --8<-- [start:allocate-free]
     def allocate(self, n: int) -> np.ndarray:
         """n free block ids (int32), each now with one owner; OutOfBlocks if fewer are free."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} blocks")
-        if n > self._top:
-            raise OutOfBlocks(n, self._top)
+        if n > self.num_free:
+            raise OutOfBlocks(n, self.num_free)
         block_ids = self._free_stack[self._top - n : self._top][::-1].copy()
         self._top -= n
         self._ref_counts[block_ids] = 1

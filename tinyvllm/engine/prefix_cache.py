@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.engine.block_manager import BlockAllocator, OutOfBlocks
+from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence
 
 ROOT_KEY = 0
@@ -55,16 +55,9 @@ class PrefixCachingAllocator(BlockAllocator):
         return self._top + len(self._unowned)
 
     @property
-    def num_used(self) -> int:
-        return self.num_blocks - self.num_free
-
-    @property
     def num_cached(self) -> int:
         """Blocks findable by content, owned or not."""
         return len(self._cached)
-
-    def can_allocate(self, n: int) -> bool:
-        return n <= self.num_free
 
     def cached_block(self, block_id: int) -> CachedBlock | None:
         """What block_id holds if it is cached, else None."""
@@ -75,21 +68,14 @@ class PrefixCachingAllocator(BlockAllocator):
         return list(self._unowned)
 
     def allocate(self, n: int) -> np.ndarray:
-        """n block ids, each with one owner: free ones first, then evicted unowned cached ones."""
-        if n < 0:
-            raise ValueError(f"cannot allocate {n} blocks")
-        if n > self.num_free:
-            raise OutOfBlocks(n, self.num_free)
-        from_stack = min(n, self._top)
-        block_ids = np.empty(n, dtype=np.int32)
-        block_ids[:from_stack] = self._free_stack[self._top - from_stack : self._top][::-1]
-        self._top -= from_stack
-        for i in range(from_stack, n):
-            block_id, _ = self._unowned.popitem(last=False)
-            self._evict(block_id)
-            block_ids[i] = block_id
-        self._ref_counts[block_ids] = 1
-        return block_ids
+        """n block ids, each with one owner: free ones, and when they run out, unowned cached
+        ones, evicted oldest first onto the free stack."""
+        if n <= self.num_free:  # otherwise super() refuses it before anything is evicted
+            for _ in range(max(n - self._top, 0)):
+                block_id, _ = self._unowned.popitem(last=False)
+                self._evict(block_id)
+                super()._release(np.array([block_id], dtype=np.int32))
+        return super().allocate(n)
 
     def acquire(self, block_ids: list[int]) -> None:
         """One more owner for each cached block (an unowned one stops being evictable)."""
