@@ -3,6 +3,8 @@
 import os
 
 import numpy as np
+import pytest
+from hypothesis import settings
 from numba import cuda
 
 from tinyvllm.kernels.reference import from_bf16, to_bf16
@@ -16,6 +18,20 @@ BF16_TOLERANCE = 1e-2
 def pick(simulator_value, gpu_value):
     """Tiny sizes under the simulator, model-sized ones on the GPU."""
     return simulator_value if SIMULATOR else gpu_value
+
+
+def sharded(count: int):
+    """Splits a property's examples over `count` test items, each with a `count`th of the
+    profile's examples; the test takes `shard` as its first argument (Hypothesis fills the
+    last ones). pytest-xdist runs the items on different workers, so a property whose
+    examples each compile new kernels no longer holds one worker for minutes; Hypothesis
+    gives each parametrized item its own seed."""
+    share = settings(max_examples=max(1, settings.default.max_examples // count))
+
+    def decorate(test):
+        return pytest.mark.parametrize("shard", range(count))(share(test))
+
+    return decorate
 
 
 def random_bf16(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import pick, poisoned, random_bf16, relative_error
+from tests.helpers import pick, poisoned, random_bf16, relative_error, sharded
 from tests.test_gemm import (
     FLOAT32_TOLERANCE,
     OUTPUT_DTYPES,
@@ -50,8 +50,9 @@ def problems(draw, long_ks=LONG_KS):
     return random_bf16(rng, (m, k), scale), random_bf16(rng, (n, k))
 
 
+@sharded(2)
 @given(problems(), st.sampled_from(OUTPUT_DTYPES))
-def test_gemv_matches_reference(problem, out_dtype):
+def test_gemv_matches_reference(shard, problem, out_dtype):
     x, weight = problem
     assert_close(run(gemv, x, weight, out_dtype), expected(x, weight), out_dtype)
 
@@ -73,8 +74,9 @@ def test_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
         assert_close(run(gemv, x, weight, np.float32), expected(x, weight), np.float32)
 
 
+@sharded(2)
 @given(problems(long_ks=pick([24], LONG_KS)))
-def test_gemv_and_tiled_gemm_agree(problem):
+def test_gemv_and_tiled_gemm_agree(shard, problem):
     """(Under the simulator with short K only: the tiled kernel is slow there.)"""
     x, weight = problem
     assert relative_error(run(gemv, x, weight, np.float32), run(gemm, x, weight, np.float32)) <= FLOAT32_TOLERANCE

@@ -20,6 +20,7 @@ from tests.helpers import (
     poisoned,
     random_bf16,
     relative_error,
+    sharded,
     widen,
 )
 from tests.test_gemv import small_gpu
@@ -120,8 +121,9 @@ def test_normed_gate_up_with_silu_matches_reference(problem, kernel):
     silu_tests.assert_matches_reference(out.copy_to_host(), normed_bits(x, gain, eps), weight)
 
 
+@sharded(2)
 @given(rope_tests.problems(whole_vectors=True), st.data(), st.sampled_from(KERNELS))
-def test_normed_qkv_with_rope_matches_reference(problem, data, kernel):
+def test_normed_qkv_with_rope_matches_reference(shard, problem, data, kernel):
     x = problem["x"]
     gain, eps = data.draw(gains(x.shape[1]))
     arguments = rope_tests.on_device(problem)

@@ -19,6 +19,7 @@ from tests.helpers import (
     poisoned,
     random_bf16,
     relative_error,
+    sharded,
     widen,
 )
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
@@ -116,19 +117,22 @@ def cache_rows(cache: np.ndarray) -> np.ndarray:
     return cache.reshape(-1, *cache.shape[2:])
 
 
+@sharded(2)
 @given(problems())
-def test_fused_gemv_matches_reference(problem):
+def test_fused_gemv_matches_reference(shard, problem):
     assert_matches_reference(run_fused(problem), problem)
 
 
+@sharded(2)
 @given(problems(max_rows=1), st.integers(1, 3))
-def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
+def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(shard, problem, num_sms):
     with small_gpu(num_sms):
         assert_matches_reference(run_fused(problem), problem)
 
 
+@sharded(2)
 @given(problems(whole_vectors=True))
-def test_fused_gemv_gives_the_bits_of_gemv_then_rope_write_kv(problem):
+def test_fused_gemv_gives_the_bits_of_gemv_then_rope_write_kv(shard, problem):
     fused, unfused = run_fused(problem), run_unfused(problem)
     for name in TARGETS:
         np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, widen
+from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, sharded, widen
 from tests.test_gemv import LONG_KS, small_gpu
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import silu_mul
@@ -60,15 +60,17 @@ def test_fused_gemv_matches_reference(problem):
     assert_matches_reference(run_fused(x, weight), x, weight)
 
 
+@sharded(2)
 @given(problems(), st.integers(1, 3))
-def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(problem, num_sms):
+def test_fused_gemv_blocks_loop_over_row_groups_past_the_grid(shard, problem, num_sms):
     x, weight = problem[0][:1], problem[1]  # the grid is capped at M = 1 only
     with small_gpu(num_sms):
         assert_matches_reference(run_fused(x, weight), x, weight)
 
 
+@sharded(4)
 @given(problems(whole_vectors=True))
-def test_fused_gemv_gives_the_bits_of_gemv_then_activation(problem):
+def test_fused_gemv_gives_the_bits_of_gemv_then_activation(shard, problem):
     x, weight = problem
     gate_up = poisoned((x.shape[0], weight.shape[0]))
     gemv(cuda.to_device(x), cuda.to_device(weight), gate_up)

@@ -20,3 +20,34 @@ def test_without_suite_order_the_collection_order_stays(monkeypatch):
     items = [SimpleNamespace(nodeid=name) for name in ("b", "a")]
     suite_durations.pytest_collection_modifyitems(items)
     assert [item.nodeid for item in items] == ["b", "a"]
+
+
+def test_a_tests_phases_add_up_and_old_three_column_lines_are_calls(tmp_path):
+    earlier = tmp_path / "durations.tsv"
+    earlier.write_text(
+        "2.00\tpassed\tt.py::a\n"
+        "40.00\tpassed\tt.py::b\tsetup\tgw1\t40\n"
+        "5.00\tpassed\tt.py::b\tcall\tgw1\t45\n"
+        "7.00\tpassed\tt.py::b\tcall\tgw2\t60\n"
+    )
+    # b: its setup plus its last call
+    assert suite_durations.earlier_durations(earlier) == {"t.py::a": 2.0, "t.py::b": 47.0}
+
+
+def test_a_worker_report_is_logged_with_its_phase_and_worker(tmp_path, monkeypatch):
+    log = tmp_path / "log.tsv"
+    monkeypatch.setenv("SUITE_DURATIONS", str(log))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    worker = SimpleNamespace(gateway=SimpleNamespace(id="gw3"))
+
+    def report(when, duration, outcome="passed"):
+        return SimpleNamespace(when=when, duration=duration, outcome=outcome, nodeid="t.py::x", node=worker)
+
+    for phase in (report("setup", 12.0), report("call", 0.5), report("teardown", 0.1), report("setup", 0.2, "failed")):
+        suite_durations.pytest_runtest_logreport(phase)
+    lines = [line.split("\t") for line in log.read_text().splitlines()]
+    assert [(seconds, outcome, phase, gw) for seconds, outcome, _, phase, gw, _ in lines] == [
+        ("12.00", "passed", "setup", "gw3"),
+        ("0.50", "passed", "call", "gw3"),
+        ("0.20", "failed", "setup", "gw3"),
+    ]
