@@ -103,3 +103,12 @@ def test_serve_takes_the_model_positionally_or_by_flag(arguments, model):
 def test_serve_refuses_two_different_models_naming_both():
     with pytest.raises(SystemExit, match=r"MODEL \(one\) and --model \(other\)"):
         main(["serve", "one", "--model", "other"])
+
+
+def test_version_answers_with_the_package_version(capsys):
+    from tinyvllm import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tinyvllm {__version__}"

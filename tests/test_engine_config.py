@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.random_llama import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir
-from tinyvllm import LLM, LLMEngine
+from tinyvllm import LLM, LLMEngine, SamplingParams
 from tinyvllm.cli import add_engine_arguments, engine_config, main
 from tinyvllm.config import LINEAR_BACKENDS, EngineConfig, ResolvedEngineConfig
 from tinyvllm.model.config import ModelConfig
@@ -31,6 +31,9 @@ BAD_OPTIONS = [
     ({"enforce_eager": "yes"}, "enforce_eager"),
     ({"activation_dtype": "float16"}, "activation_dtype"),
     ({"cpu_kv_cache_gib": 0}, "cpu_kv_cache_gib"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 1.5}, "seed"),
 ]
 
 
@@ -55,6 +58,8 @@ def test_the_defaults_are_the_documented_ones():
     assert (config.gpu_memory_utilization, config.cpu_kv_cache_gib, config.enforce_eager) == (0.9, 1.0, False)
     assert (config.num_blocks, config.max_model_len, config.max_num_batched_tokens) == (None, None, None)
     assert (config.linear_backend, config.activation_dtype) == ("auto", "float32")
+    assert (config.dtype, config.seed) == ("auto", None)
+    assert EngineConfig(seed=0).seed == 0  # unlike the sizes, a seed may be zero
 
 
 @pytest.mark.parametrize(
@@ -191,3 +196,27 @@ def test_every_linear_backend_choice_picks_a_product_kernel():
     for choice in LINEAR_BACKENDS:
         for cublas_available in (True, False):
             assert variants.product_kernel(choice, 1, cublas_available) in ("cublas", "tiled", "gemv")
+
+
+def test_an_engine_seed_makes_unseeded_requests_reproducible(tiny_model):
+    """Two engines with one seed sample the same tokens for requests that give no seed;
+    another engine seed samples others (the oracle: the runs themselves, token for token)."""
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 5]]
+
+    def sample(seed):
+        llm = LLM(tiny_model, backend="numpy", seed=seed)
+        return [output.token_ids for output in llm.generate(prompts, params)]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_the_cuda_backend_without_a_gpu_is_refused_in_one_line(monkeypatch):
+    from tinyvllm.engine import setup
+
+    monkeypatch.setattr("tinyvllm.kernels.device.simulator.SIMULATOR", False)
+    monkeypatch.setattr(setup, "missing_for_cuda", lambda: "a CUDA GPU and its driver, and this machine has none")
+    config = EngineConfig(backend="cuda").resolve(model_config(512))
+    with pytest.raises(ValueError, match="backend: 'cuda' needs a CUDA GPU"):
+        setup.make_backend(config)

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from tinyvllm import __version__
 from tinyvllm.backends import kernel_list
 from tinyvllm.config import EngineConfig, option_type
 
@@ -48,7 +49,6 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> 
     group.add_argument("--top-p", type=float, default=1.0)
     group.add_argument("--top-k", type=int, default=-1)
     group.add_argument("--max-tokens", type=int, default=max_tokens)
-    group.add_argument("--seed", type=int)
     group.add_argument("--stop", action="append", help="stop string (repeatable)")
     group.add_argument("--ignore-eos", action="store_true")
 
@@ -61,7 +61,6 @@ def sampling_params(args: argparse.Namespace):
         top_p=args.top_p,
         top_k=args.top_k,
         max_tokens=args.max_tokens,
-        seed=args.seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
     )
@@ -213,6 +212,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tinyvllm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tinyvllm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="generate text for one or more prompts")

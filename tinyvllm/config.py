@@ -25,14 +25,17 @@ BACKENDS = ("auto", "cuda", "numpy")
 LINEAR_BACKENDS = ("auto", "numba", "cublas", "tiled", "gemv")
 """The `linear_backend` choices; the variant table (backends/variants.py) maps each to a product kernel."""
 ACTIVATION_DTYPES = ("bf16", "float32")
+DTYPES = ("auto", "bfloat16")
+"""vLLM's `dtype`: the kernels compute in bfloat16 only, so `auto` means it too."""
 DEFAULT_MAX_MODEL_LEN = 8192
 MIN_BATCHED_TOKENS = 2048
 """The default token budget of a step is never below this (vLLM's default budget)."""
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
-    """A config field whose metadata is its command-line help (and its flag's choices)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
+    """A config field whose metadata is its command-line help (and its flag's choices, or
+    the least number it takes; without one it takes any positive number)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 # --8<-- [start:engine-args]
@@ -57,6 +60,10 @@ class EngineConfig:
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes seen before")
     activation_dtype: str = option("float32", "numpy: how activations are stored", choices=ACTIVATION_DTYPES)
     cpu_kv_cache_gib: float = option(1.0, "numpy: KV-cache size in GiB of host memory")
+    dtype: str = option(
+        "auto", "dtype of weights and activations: bfloat16, the one the kernels take (auto is it)", choices=DTYPES
+    )
+    seed: int | None = option(None, "seed of the requests that give none, for reproducible runs", minimum=0)
     # --8<-- [end:engine-args]
 
     def __post_init__(self) -> None:
@@ -112,13 +119,17 @@ def option_type(spec: Field) -> type:
 
 
 def _check_value(spec: Field, value: Any) -> None:
-    """The value is of the option's type (an int where an int is due, never a bool) and positive."""
+    """The value is of the option's type (an int where an int is due, never a bool) and at
+    least the option's minimum (positive, unless it says otherwise)."""
     kind = option_type(spec)
     if kind is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{spec.name}: expected True or False, got {value!r}")
         return
     allowed = (int, float) if kind is float else (int,)
-    if isinstance(value, bool) or not isinstance(value, allowed) or not value > 0:
+    minimum = spec.metadata["minimum"]
+    numeric = isinstance(value, allowed) and not isinstance(value, bool)
+    if not numeric or not (value > 0 if minimum is None else value >= minimum):
         noun = "number" if kind is float else "integer"
-        raise ValueError(f"{spec.name}: must be a positive {noun}, got {value!r}")
+        wanted = f"a positive {noun}" if minimum is None else f"an {noun} >= {minimum}"
+        raise ValueError(f"{spec.name}: must be {wanted}, got {value!r}")

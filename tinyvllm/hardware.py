@@ -7,6 +7,7 @@ the NumPy backend.
 
 import ctypes
 import functools
+import importlib.util
 
 
 @functools.cache
@@ -34,3 +35,12 @@ def cuda_device_name(ordinal: int = 0) -> str | None:
     if driver.cuDeviceGetName(name, len(name), device) != 0:
         return None
     return name.value.decode()
+
+
+def missing_for_cuda() -> str | None:
+    """What this machine lacks for the CUDA backend, in words (None when it has it all)."""
+    if not has_cuda_gpu():
+        return "a CUDA GPU and its driver, and this machine has none"
+    if importlib.util.find_spec("cupy") is None:
+        return 'CuPy, which is not installed (pip install -e ".[cuda12]" or ".[cuda13]")'
+    return None

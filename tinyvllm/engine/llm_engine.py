@@ -10,7 +10,9 @@ records the sampled tokens (finishing on EOS, stop ids, length) and the engine
 detokenizes incrementally and checks stop strings: the engine runs a step ahead.
 """
 
+import dataclasses
 import itertools
+import random
 import sys
 from collections.abc import Sequence as SequenceABC
 from pathlib import Path
@@ -27,7 +29,7 @@ from tinyvllm.engine.setup import build_runner
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 
 Prompt = str | list[int]
 
@@ -56,6 +58,8 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._final_only: set[str] = set()
         self._request_ids = itertools.count()
+        # With an engine seed, a request without one gets the next seed of this stream (vLLM's `seed`).
+        self._seeds = random.Random(options.seed) if options.seed is not None else None
         self._in_flight: tuple[ScheduledBatch, LaunchedStep] | None = None
 
     @property
@@ -80,6 +84,8 @@ class LLMEngine:
         """
         params = params if params is not None else self.default_sampling_params()
         params.validate_for_vocab(self.config.vocab_size)
+        if params.seed is None and self._seeds is not None:
+            params = dataclasses.replace(params, seed=self._seeds.randrange(SEED_LIMIT))
         text, token_ids = self._tokenize(prompt)
         request_id = request_id if request_id is not None else str(next(self._request_ids))
         seq = Sequence(request_id, token_ids, params, prompt=text)

@@ -13,7 +13,7 @@ import sys
 from tinyvllm.backends.numpy_backend import NumpyBackend
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.model_runner import ModelRunner, kv_block_bytes
-from tinyvllm.hardware import has_cuda_gpu
+from tinyvllm.hardware import has_cuda_gpu, missing_for_cuda
 from tinyvllm.model.config import ModelConfig
 
 
@@ -24,6 +24,11 @@ def make_backend(config: ResolvedEngineConfig):
         if name == "numpy":
             print("tinyvllm: no CUDA GPU found; running on the NumPy backend (correct, but slow)", file=sys.stderr)
     if name == "cuda":
+        from tinyvllm.kernels.device.simulator import SIMULATOR
+
+        missing = None if SIMULATOR else missing_for_cuda()
+        if missing is not None:
+            raise ValueError(f"backend: 'cuda' needs {missing}; use --backend numpy (or auto)")
         from tinyvllm.backends.cuda_backend import CudaBackend
 
         return CudaBackend(config.linear_backend)
