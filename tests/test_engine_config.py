@@ -11,7 +11,7 @@ import pytest
 from tests.random_llama import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, LLMEngine, SamplingParams
 from tinyvllm.cli import add_engine_arguments, engine_config, main
-from tinyvllm.config import LINEAR_BACKENDS, EngineConfig, ResolvedEngineConfig
+from tinyvllm.config import LINEAR_BACKENDS, NUMPY_BATCHED_TOKENS, EngineConfig, ResolvedEngineConfig
 from tinyvllm.model.config import ModelConfig
 
 BAD_OPTIONS = [
@@ -65,10 +65,11 @@ def test_the_defaults_are_the_documented_ones():
 @pytest.mark.parametrize(
     "max_position_embeddings, options, max_model_len, max_num_batched_tokens, max_blocks_per_seq",
     [
-        (131072, {}, 8192, 8192, 512),  # Llama 3.2 1B: max_model_len capped at 8192
-        (512, {}, 512, 2048, 32),  # a short model: the token budget stays at 2048
-        (131072, {"max_model_len": 3000, "block_size": 32}, 3000, 3000, 94),
+        (131072, {"backend": "cuda"}, 8192, 8192, 512),  # Llama 3.2 1B: max_model_len capped at 8192
+        (512, {"backend": "cuda"}, 512, 2048, 32),  # a short model: the token budget stays at 2048
+        (131072, {"backend": "cuda", "max_model_len": 3000, "block_size": 32}, 3000, 3000, 94),
         (131072, {"max_model_len": 100, "max_num_batched_tokens": 16}, 100, 16, 7),
+        (131072, {"backend": "numpy"}, 8192, NUMPY_BATCHED_TOKENS, 512),  # a step of seconds on a CPU
     ],
 )
 def test_resolve_fills_in_what_depends_on_the_model(
@@ -111,7 +112,7 @@ def test_engine_config_and_keyword_options_build_the_same_engine(tiny_model):
     by_keywords = LLMEngine(tiny_model, **options)
     by_config = LLMEngine(tiny_model, engine_config=EngineConfig(**options))
     assert by_keywords.engine_config == by_config.engine_config
-    assert by_config.engine_config.max_num_batched_tokens == 2048 and by_config.max_model_len == 128
+    assert by_config.engine_config.max_num_batched_tokens == NUMPY_BATCHED_TOKENS and by_config.max_model_len == 128
     assert by_config.scheduler.config is by_config.engine_config is by_config.runner.limits
 
 

@@ -6,9 +6,11 @@ choices), so a new option is one field. Every value is checked when the config i
 and a bad one raises a ValueError that names it, before any weight is loaded.
 
 Two defaults depend on the model: `max_model_len` (the model's max_position_embeddings,
-at most DEFAULT_MAX_MODEL_LEN) and `max_num_batched_tokens` (max_model_len, at least
-MIN_BATCHED_TOKENS). `resolve` fills them in against the ModelConfig once; the scheduler
-and the model runner read the `ResolvedEngineConfig` it returns.
+at most DEFAULT_MAX_MODEL_LEN) and `max_num_batched_tokens` (on the GPU max_model_len, at
+least MIN_BATCHED_TOKENS; on the NumPy backend NUMPY_BATCHED_TOKENS, so that a long prompt
+is prefilled in chunks of seconds each and a server's other requests get steps in between).
+`resolve` fills them in against the ModelConfig once; the scheduler and the model runner
+read the `ResolvedEngineConfig` it returns.
 
 This module imports neither Numba nor the engine, so the command line can build its
 parser from it without paying for them.
@@ -18,6 +20,7 @@ import types
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args
 
+from tinyvllm.hardware import has_cuda_gpu
 from tinyvllm.model.config import ModelConfig
 
 MODES = ("continuous", "static")
@@ -29,7 +32,10 @@ DTYPES = ("auto", "bfloat16")
 """vLLM's `dtype`: the kernels compute in bfloat16 only, so `auto` means it too."""
 DEFAULT_MAX_MODEL_LEN = 8192
 MIN_BATCHED_TOKENS = 2048
-"""The default token budget of a step is never below this (vLLM's default budget)."""
+"""On the GPU, the default token budget of a step is never below this (vLLM's default budget)."""
+NUMPY_BATCHED_TOKENS = 256
+"""The NumPy backend's default token budget: a few seconds of prefill on two CPU cores
+(an 8,190-token prompt in one step held a server for 13 minutes)."""
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: int | None = None) -> Any:
@@ -50,7 +56,9 @@ class EngineConfig:
     num_blocks: int | None = option(None, "KV-cache blocks (default: sized from free memory)")
     max_num_seqs: int = option(256, "most sequences in one batch")
     max_num_batched_tokens: int | None = option(
-        None, f"most tokens in one step (default: max_model_len, at least {MIN_BATCHED_TOKENS})"
+        None,
+        f"most tokens in one step (default: cuda max_model_len, at least {MIN_BATCHED_TOKENS}; "
+        f"numpy {NUMPY_BATCHED_TOKENS})",
     )
     max_model_len: int | None = option(
         None, f"longest prompt + output, in tokens (default: the model's, at most {DEFAULT_MAX_MODEL_LEN})"
@@ -88,7 +96,9 @@ class EngineConfig:
         max_model_len = self.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         if max_model_len > limit:
             raise ValueError(f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {limit}")
-        max_num_batched_tokens = self.max_num_batched_tokens or max(max_model_len, MIN_BATCHED_TOKENS)
+        on_gpu = self.backend == "cuda" or (self.backend == "auto" and has_cuda_gpu())
+        default_budget = max(max_model_len, MIN_BATCHED_TOKENS) if on_gpu else NUMPY_BATCHED_TOKENS
+        max_num_batched_tokens = self.max_num_batched_tokens or default_budget
         options = {spec.name: getattr(self, spec.name) for spec in fields(EngineConfig)}
         options.update(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
         return ResolvedEngineConfig(**options)

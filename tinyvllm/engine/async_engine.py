@@ -18,11 +18,15 @@ before it sends anything, so a client that has its answer finds it counted there
 
 If a step raises, the thread fails every open request with EngineClosedError, re-raises
 (the traceback goes to stderr) and refuses requests from then on, as does `shutdown()`.
+`step_seconds()` says how long the step in progress has run, so that a health check can
+tell a stalled engine from a busy one; `shutdown(timeout)` gives up waiting for a step
+that will not end (the thread is a daemon: it ends with the process).
 """
 
 import asyncio
 import queue
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -94,18 +98,26 @@ class AsyncEngine:
         self._closed: EngineClosedError | None = None
         self._thread = threading.Thread(target=self._run, name="tinyvllm-engine", daemon=True)
         self._counters = {"num_requests_served": 0, "num_requests_aborted": 0, "num_requests_rejected": 0}
+        self._step_began: float | None = None  # time.monotonic() when the step in progress began
         self._stats = self._snapshot()
 
     # -- any thread ---------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self) -> None:
-        """Fail the open requests with EngineClosedError and stop the thread."""
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Fail the open requests with EngineClosedError and stop the thread; False if the
+        thread is still inside a step after `timeout` seconds (it stops when the step ends)."""
         with self._lock:
             if self._closed is None:
                 self._commands.put(_STOP)
-        self._thread.join()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def step_seconds(self) -> float:
+        """How long the step in progress has run (0.0 between steps)."""
+        began = self._step_began
+        return 0.0 if began is None else time.monotonic() - began
 
     @property
     def is_alive(self) -> bool:
@@ -150,7 +162,10 @@ class AsyncEngine:
             while self._take_commands(block=not self.engine.has_unfinished_requests()):
                 self._send()  # acceptances and refusals go out before the step
                 if self.engine.has_unfinished_requests():
-                    self._route(self.engine.step())
+                    self._step_began = time.monotonic()
+                    outputs = self.engine.step()
+                    self._step_began = None
+                    self._route(outputs)
                     self._send()
             stopped = True
         finally:  # however the thread ends, no request may wait for it forever

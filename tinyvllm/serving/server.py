@@ -3,7 +3,8 @@
     GET  /v1/models            the one served model
     POST /v1/completions       prompt (text or token ids) -> text
     POST /v1/chat/completions  messages -> assistant message
-    GET  /health               200 while the engine thread runs, else 503
+    GET  /health               200 while the engine thread runs; 503 once it stopped, or while
+                               one step has run past the stall timeout
     GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: JSON
 
 Both generation endpoints stream server-sent events with `"stream": true` (one chunk per
@@ -43,7 +44,7 @@ from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.serving.metrics import CONTENT_TYPE, ServerMetrics
-from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever
+from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever, logger
 from tinyvllm.serving.protocol import (
     API,
     ChatAPI,
@@ -62,7 +63,11 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 STATS_INTERVAL_S = 10.0
-GRACEFUL_SHUTDOWN_S = 5  # then open streams are cut
+STALL_TIMEOUT_S = 60.0
+"""A step longer than this makes /health answer 503 "stalled" (GPU steps take milliseconds,
+NumPy steps seconds: its token budget is sized so)."""
+GRACEFUL_SHUTDOWN_S = 2  # then open streams are cut
+ENGINE_STOP_S = 2  # then the process exits without waiting for the step in progress
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobody reads it
 
 
@@ -74,6 +79,7 @@ class ServerConfig:
     api_key: str | None = None  # required on /v1/* when set
     log_requests: bool = True
     stats_interval_s: float | None = STATS_INTERVAL_S  # None: no periodic stats line
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_body_bytes"):
@@ -109,12 +115,16 @@ class OpenAIServer:
         stats = asyncio.create_task(log_stats_forever(self.engine, self.request_metrics, self.config.stats_interval_s))
         yield
         stats.cancel()
-        await asyncio.to_thread(self.engine.shutdown)
+        if not await asyncio.to_thread(self.engine.shutdown, ENGINE_STOP_S):
+            logger.warning("the engine is inside a step after %s s; exiting without waiting for it", ENGINE_STOP_S)
 
     # -- endpoints ----------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         if not self.engine.is_alive:
             raise EngineClosedError("the engine is not running")
+        running = self.engine.step_seconds()
+        if running > self.config.stall_timeout_s:
+            return JSONResponse({"status": "stalled", "step_seconds": round(running, 1)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def metrics(self, request: Request) -> Response:
