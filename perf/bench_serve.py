@@ -21,13 +21,13 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from perf.latency import summary
 from perf.timing import result_header
 from tests.server_fixtures import serve
 
@@ -108,21 +108,6 @@ class Benchmark:
             elapsed = time.perf_counter() - start
         self.results = [result for results in per_client for result in results]
         return elapsed
-
-
-def summary(values_s: list[float]) -> dict:
-    ms = sorted(1000 * value for value in values_s)
-    if not ms:
-        return {"mean": None, "p50": None, "p99": None}
-    return {"mean": statistics.fmean(ms), "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (NumPy's default)."""
-    position = (len(sorted_values) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 def report(bench: Benchmark, elapsed_s: float) -> dict:

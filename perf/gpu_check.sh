@@ -69,7 +69,8 @@ for stage in $stages; do
           for f in bench_decode bench_throughput; do cp perf/results/$f.json "$OUT/baseline_$f.json"; done) || status=1
       fi
       run python3 -m perf.bench_decode ${ENGINE_FLAGS:-}
-      run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-} ;;
+      run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-}
+      run python3 -m perf.bench_prefix ;;
     profile)
       run python3 -m perf.profile_step --model llama-1b
       cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json

@@ -244,3 +244,29 @@ def test_allocating_more_than_is_free_evicts_nothing():
     assert allocator.lookup([1, 2], 2) == ([block], [block_hash(ROOT_KEY, (1, 2))])
     assert sorted(allocator.allocate(3).tolist()) == [0, 1, 2]  # now it is evicted, and used
     assert allocator.num_cached == 0
+
+
+@pytest.mark.parametrize("prefix_cached", [False, True])
+def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
+    """Ten requests sharing an 8-token prefix, 3 blocks each, on 24 blocks: the batch is the
+    queue's front whose full counts fit (8), never short of blocks. Joining in one step, members
+    compute an uncached prefix each (24 blocks used, the count) and share a cached one (10)."""
+    block_size, num_blocks, prefix = 4, 24, [1, 2, 3, 4, 5, 1, 2, 3]
+    options = dict(mode="static", block_size=block_size, max_num_batched_tokens=128)
+    scheduler, model = make_scheduler(prefix_caching=True, num_blocks=num_blocks, **options)
+    if prefix_cached:
+        scheduler.add(Sequence("warm", prefix + [9], SamplingParams(max_tokens=1, ignore_eos=True)))
+        drain(scheduler, model)
+    seqs = [Sequence(f"r{i}", prefix + [6, 7, i], SamplingParams(max_tokens=2, ignore_eos=True)) for i in range(10)]
+    for seq in seqs:
+        scheduler.add(seq)
+    counts = [blocks_needed(seq.num_tokens, block_size) for seq in seqs]
+    members = max(k for k in range(len(seqs) + 1) if sum(counts[:k]) <= num_blocks)
+    batch = step(scheduler, model)
+    assert [seq.request_id for seq in batch.seqs] == [seq.request_id for seq in seqs[:members]] and members == 8
+    shared = len(prefix) // block_size if prefix_cached else 0
+    assert scheduler.allocator.num_used == shared + sum(count - shared for count in counts[:members])
+    drain(scheduler, model)
+    assert scheduler.num_preemptions == 0
+    for seq in seqs:
+        assert_matches_reference(seq)

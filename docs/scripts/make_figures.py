@@ -8,7 +8,8 @@ docs/generated/perf/<bench>.md: who measured it (device, date, git revision), th
 the figures and a table of the numbers; the performance page includes those files. A
 benchmark without a JSON is skipped with a message, and its table file says that the numbers
 are pending. The batching and preemption timelines need no GPU (`timelines.py`: the real
-Scheduler over a fake model). Matplotlib runs headless (Agg). Each benchmark's figures and
+Scheduler over a fake model), nor does the prefix cache's hash chain (`prefix_cache_figure.py`).
+Matplotlib runs headless (Agg). Each benchmark's figures and
 table are drawn in `kernel_figures.py` or `engine_figures.py`.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
 from engine_figures import ablation, decode, profile, registers, serve, throughput, timeline  # noqa: E402
 from kernel_figures import attention, elementwise, gemm, sampling  # noqa: E402
+from prefix_cache_figure import hash_chain_figure  # noqa: E402
 from timelines import ROOT, simulated_figures  # noqa: E402
 
 
@@ -68,6 +70,7 @@ def run(results: Path, figures: Path, tables: Path) -> None:
     """The timelines, then each benchmark's figures and table (or its pending note)."""
     tables.mkdir(parents=True, exist_ok=True)
     simulated_figures(figures)
+    hash_chain_figure(figures)
     for bench in BENCHMARKS:
         path = results / f"{bench.name}.json"
         if not path.exists():

@@ -67,6 +67,7 @@ class PrefixCachingAllocator(BlockAllocator):
         """Cached blocks no one owns, the next to be evicted first."""
         return list(self._unowned)
 
+    # --8<-- [start:allocate]
     def allocate(self, n: int) -> np.ndarray:
         """n block ids, each with one owner: free ones, and when they run out, unowned cached
         ones, evicted oldest first onto the free stack."""
@@ -76,6 +77,8 @@ class PrefixCachingAllocator(BlockAllocator):
                 self._evict(block_id)
                 super()._release(np.array([block_id], dtype=np.int32))
         return super().allocate(n)
+
+    # --8<-- [end:allocate]
 
     def acquire(self, block_ids: list[int]) -> None:
         """One more owner for each cached block (an unowned one stops being evictable)."""
@@ -149,6 +152,7 @@ def cached_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int)
     return cache.lookup(tokens, block_size)
 
 
+# --8<-- [start:attach-register]
 def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> int:
     """Give a waiting seq its cached prefix (one more owner per block), counted computed;
     returns its length in tokens."""
@@ -170,3 +174,6 @@ def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block
         parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
         parent_block = seq.block_table[index - 1] if index else -1
         seq.block_keys.append(cache.register(seq.block_table[index], parent_key, tokens, parent_block))
+
+
+# --8<-- [end:attach-register]

@@ -47,7 +47,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
-from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, cached_prefix, register_computed_blocks
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
@@ -296,12 +296,14 @@ class Scheduler:
             seq.num_cached_tokens = num_cached
 
     def _choose_static_batch(self) -> None:
+        """The queue's front whose token lists fit the free blocks, each counted in full: with the
+        prefix cache conservative, never short. Nothing is owned here (the last batch ended), and
+        a cached block costs one free block as a new one does (unowned cached blocks count free).
+        Members sharing an uncached prefix that join in one step each compute it (blocks become
+        findable in `launched`), so counting it for each is exact; a later joiner takes fewer."""
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
-            if self._cache is not None:  # a hit on an owned block takes nothing from the free ones
-                blocks, _ = cached_prefix(self._cache, seq, self.config.block_size)
-                need -= int(np.count_nonzero(self.allocator.ref_counts[blocks]))
             if len(self._static_batch) == self.config.max_num_seqs or need > free:
                 break
             free -= need

@@ -1,0 +1,246 @@
+"""Automatic prefix caching (issue 30): three workloads with the cache on and off, in one run.
+
+    python -m perf.bench_prefix [--model llama-1b] [--backend auto] [--quick]
+
+- shared prefix: 256 requests, one 2,048-token prefix plus a unique 64-token suffix each,
+  128 output tokens, EOS ignored, all submitted at once: output tok/s, and each request's
+  time to first token (TTFT: from the submission until the request first shows up in a
+  step's outputs, as a streaming client sees it) as p50 and p99;
+- multi-turn chat: 64 conversations of 8 turns running concurrently; a turn's prompt is the
+  conversation so far plus 64 new tokens, 64 output tokens a turn, and turn k + 1 is
+  submitted when turn k finishes: total time;
+- the nano-vllm workload (tinyvllm.benchmark.nano_vllm_workload; nothing shared): what the
+  cache costs when it finds nothing.
+
+Each workload reports the prefix-cache hit rate (the scheduler's prefix_cache_hits over
+prefix_cache_queries, prompt tokens, over that workload), and the run the issue's bars as
+ratios of cache on to off. `--quick` runs tiny sizes (with `--model tiny` and the NumPy
+backend it checks the script on a CPU). Results: perf/results/bench_prefix.json.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perf.latency import summary
+from perf.models import model_dir
+from tinyvllm.benchmark import Workload, nano_vllm_workload, throughput
+from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.hardware import has_cuda_gpu
+from tinyvllm.llm import LLM
+from tinyvllm.provenance import run_header
+from tinyvllm.sampling_params import SamplingParams
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_prefix.json"
+MAX_MODEL_LEN = 4096
+
+
+@dataclass(frozen=True)
+class Sizes:
+    shared_requests: int = 256
+    prefix_len: int = 2048
+    suffix_len: int = 64
+    shared_output_len: int = 128
+    conversations: int = 64
+    turns: int = 8
+    turn_len: int = 64  # new tokens each turn adds to the conversation
+    turn_output_len: int = 64
+    nano_requests: int = 256
+    max_num_batched_tokens: int | None = None  # the engine's default (max_model_len)
+
+
+FULL = Sizes()
+# A step's budget below two prompts, as the full sizes' is, so that most requests join after
+# the first one's prefix is computed (requests admitted in one step each compute their own).
+QUICK = Sizes(16, 256, 16, 16, 4, 4, 16, 16, 4, max_num_batched_tokens=384)
+WARMUP = dict(shared_requests=4, shared_output_len=4)
+
+
+# --8<-- [start:workloads]
+def shared_prefix_workload(sizes: Sizes, vocab_size: int, seed: int = 0) -> Workload:
+    """`shared_requests` prompts: one random prefix, then a random suffix of each its own."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, vocab_size, sizes.prefix_len).tolist()
+    prompts = [prefix + rng.integers(0, vocab_size, sizes.suffix_len).tolist() for _ in range(sizes.shared_requests)]
+    return Workload(prompts, [sizes.shared_output_len] * sizes.shared_requests)
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The tokens each turn of each conversation adds; a turn's prompt is the history before it
+    (every earlier turn's new tokens and answer) followed by them."""
+
+    new_tokens: list[list[list[int]]]  # [conversation][turn]
+    output_len: int
+
+    def prompt(self, history: list[int], conversation: int, turn: int) -> list[int]:
+        return history + self.new_tokens[conversation][turn]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(turns) for turns in self.new_tokens) * self.output_len
+
+
+def multi_turn_conversations(sizes: Sizes, vocab_size: int, seed: int = 1) -> Conversations:
+    rng = np.random.default_rng(seed)
+    new_tokens = [
+        [rng.integers(0, vocab_size, sizes.turn_len).tolist() for _ in range(sizes.turns)]
+        for _ in range(sizes.conversations)
+    ]
+    return Conversations(new_tokens, sizes.turn_output_len)
+
+
+# --8<-- [end:workloads]
+
+
+def output_token_ids(output) -> list[int]:
+    """A RequestOutput's completion tokens (the one place this script reads its shape)."""
+    return output.token_ids
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def check_produced(produced: int, expected: int) -> None:
+    if produced != expected:
+        raise RuntimeError(f"produced {produced} tokens, expected {expected}")
+
+
+def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
+    """All requests at once, streamed: output tok/s and each request's TTFT."""
+    start = time.perf_counter()
+    for prompt, params in zip(workload.prompts, workload.params()):
+        engine.add_request(prompt, params)
+    first_token_s: dict[str, float] = {}
+    produced = 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for output in outputs:
+            first_token_s.setdefault(output.request_id, now)
+            if output.finished:
+                produced += len(output_token_ids(output))
+    seconds = time.perf_counter() - start
+    check_produced(produced, workload.output_tokens)
+    return {
+        "requests": len(workload.prompts),
+        "output_tokens": produced,
+        "seconds": seconds,
+        "output_tok_per_s": produced / seconds,
+        "ttft_ms": summary(list(first_token_s.values())),
+    }
+
+
+def run_conversations(engine: LLMEngine, chats: Conversations) -> dict:
+    """Every conversation's first turn at once; each next turn when the one before finishes."""
+    histories = [[] for _ in chats.new_tokens]
+    turn_of: dict[str, tuple[int, int]] = {}
+
+    def submit(conversation: int, turn: int) -> None:
+        histories[conversation] = chats.prompt(histories[conversation], conversation, turn)
+        request_id = engine.add_request(histories[conversation], greedy(chats.output_len), final_only=True)
+        turn_of[request_id] = (conversation, turn)
+
+    start = time.perf_counter()
+    for conversation in range(len(chats.new_tokens)):
+        submit(conversation, 0)
+    produced = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if not output.finished:
+                continue
+            conversation, turn = turn_of.pop(output.request_id)
+            answer = output_token_ids(output)
+            produced += len(answer)
+            histories[conversation] += answer
+            if turn + 1 < len(chats.new_tokens[conversation]):
+                submit(conversation, turn + 1)
+    seconds = time.perf_counter() - start
+    check_produced(produced, chats.output_tokens)
+    return {"conversations": len(histories), "output_tokens": produced, "seconds": seconds}
+
+
+def with_hit_rate(engine: LLMEngine, run: Callable[[], dict]) -> dict:
+    """run()'s result and the prefix-cache hit rate over it (None with the cache off)."""
+    scheduler = engine.scheduler
+    queries, hits = scheduler.prefix_cache_queries, scheduler.prefix_cache_hits
+    result = run()
+    queried = scheduler.prefix_cache_queries - queries
+    result["prefix_cache_queries"] = queried
+    result["prefix_cache_hit_rate"] = (scheduler.prefix_cache_hits - hits) / queried if queried else None
+    return result
+
+
+def run_all(directory: Path, backend: str, sizes: Sizes, caching: bool, num_blocks: int | None) -> dict:
+    llm = LLM(directory, backend=backend, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=caching,
+              num_blocks=num_blocks, max_num_batched_tokens=sizes.max_num_batched_tokens)  # fmt: skip
+    engine, vocab = llm.engine, llm.engine.config.vocab_size
+    run_shared_prefix(engine, shared_prefix_workload(dataclasses.replace(sizes, **WARMUP), vocab, seed=99))
+    return {
+        "shared_prefix": with_hit_rate(engine, lambda: run_shared_prefix(engine, shared_prefix_workload(sizes, vocab))),
+        "multi_turn": with_hit_rate(engine, lambda: run_conversations(engine, multi_turn_conversations(sizes, vocab))),
+        "nano_vllm": with_hit_rate(engine, lambda: throughput(llm, nano_vllm_workload(vocab, sizes.nano_requests))),
+    }
+
+
+def bars(on: dict, off: dict) -> dict:
+    """The issue's bars: each ratio of cache on to off, its bar and whether it is met."""
+    ratios = {
+        "shared_prefix_tok_per_s_on_over_off": (
+            on["shared_prefix"]["output_tok_per_s"] / off["shared_prefix"]["output_tok_per_s"], 2.5),
+        "shared_prefix_ttft_p50_off_over_on": (
+            off["shared_prefix"]["ttft_ms"]["p50"] / on["shared_prefix"]["ttft_ms"]["p50"], 10.0),
+        "multi_turn_seconds_off_over_on": (off["multi_turn"]["seconds"] / on["multi_turn"]["seconds"], 2.0),
+        "nano_vllm_tok_per_s_on_over_off": (
+            on["nano_vllm"]["output_tok_per_s"] / off["nano_vllm"]["output_tok_per_s"], 0.98),
+    }  # fmt: skip
+    return {name: {"ratio": ratio, "bar": bar, "met": ratio >= bar} for name, (ratio, bar) in ratios.items()}
+
+
+def print_table(results: dict) -> None:
+    print(f"{'workload':<15}{'cache':>6}{'seconds':>9}{'tok/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'hit rate':>10}")
+    for workload in ("shared_prefix", "multi_turn", "nano_vllm"):
+        for cache in ("on", "off"):
+            r = results[f"cache_{cache}"][workload]
+            tok_s = r.get("output_tok_per_s", r["output_tokens"] / r["seconds"])
+            ttft = r.get("ttft_ms", {"p50": None, "p99": None})
+            cells = ["-" if v is None else f"{v:.1f}" for v in (ttft["p50"], ttft["p99"])]
+            rate = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.1%}"
+            print(f"{workload:<15}{cache:>6}{r['seconds']:9.2f}{tok_s:10.1f}{cells[0]:>10}{cells[1]:>10}{rate:>10}")
+    for name, bar in results["bars"].items():
+        print(f"{name:<40}{bar['ratio']:8.2f}x  bar {bar['bar']}x  {'met' if bar['met'] else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-1b", help="llama-1b, smollm2, tiny, or a directory")
+    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "numpy"))
+    parser.add_argument("--quick", action="store_true", help=f"tiny sizes: {QUICK}")
+    parser.add_argument("--num-blocks", type=int, help="KV blocks (16 tokens each); default: sized from memory")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    backend = args.backend if args.backend != "auto" else ("cuda" if has_cuda_gpu() else "numpy")
+    directory = model_dir(args.model)
+    sizes = QUICK if args.quick else FULL
+    results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
+    for caching in (True, False):
+        results[f"cache_{'on' if caching else 'off'}"] = run_all(directory, backend, sizes, caching, args.num_blocks)
+    results["bars"] = bars(results["cache_on"], results["cache_off"])
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    header = run_header(backend, " ".join(sys.orig_argv))
+    args.out.write_text(json.dumps({**header, **results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
