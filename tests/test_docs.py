@@ -154,3 +154,27 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+# The classes docs/api.md documents, and where they are; RequestOutput's fields are its own module's.
+API = {"tinyvllm/llm.py": "LLM", "tinyvllm/engine/llm_engine.py": "LLMEngine",
+       "tinyvllm/sampling_params.py": "SamplingParams", "tinyvllm/config.py": "EngineConfig"}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(API), ids=lambda path: API[path])
+def test_api_reference_documents_every_public_argument(path):
+    """The API page shows each class's docstring: every field of a dataclass, and every
+    argument of `__init__`, is named at the start of a line of its Args or Attributes section."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == API[path])
+    names = [node.target.id for node in cls.body if isinstance(node, ast.AnnAssign)]
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            arguments = node.args
+            names += [a.arg for a in arguments.args[1:] + arguments.kwonlyargs]
+            names += [f"**{arguments.kwarg.arg}"] if arguments.kwarg else []
+    documented = set(re.findall(r"^\s+(\*{0,2}\w+):", ast.get_docstring(cls) or "", flags=re.MULTILINE))
+    assert names and not set(names) - documented, f"{API[path]}'s docstring leaves out {set(names) - documented}"
+    assert f"::: {path[:-3].replace('/', '.')}.{API[path]}" in (DOCS / "api.md").read_text()
