@@ -154,6 +154,13 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
+    # Every listing's title links its file (docs/scripts/source_links.py): with no repo_url, a page of the site.
+    site = tmp_path / "site"
+    for html in site.glob("*/index.html"):
+        for title in re.findall(r'<span class="filename">(.*?)</span>', html.read_text()):
+            link = re.fullmatch(r'<a href="\.\./(source/[^"]+)">([^<]+)</a>', title)
+            assert link, f"{html.relative_to(site)}: the listing title {title!r} links no file"
+            assert link.group(1) == f"source/{link.group(2)}/" and (site / link.group(1) / "index.html").is_file()
 
 
 # The classes docs/api.md documents, and where they are; RequestOutput's fields are its own module's.
