@@ -1,6 +1,7 @@
 """The docs site: every include resolves, every image exists, the generated files are what the
-scripts make now, and `mkdocs build --strict` passes; the measurement log (perf/LOG.md) is dated
-and cites results that exist.
+scripts make now, and `mkdocs build --strict` passes, with every listing's title linked; the
+runnable examples (docs/examples/) run; the API page's classes document every argument; the
+measurement log (perf/LOG.md) is dated and cites results that exist.
 
 Pages are docs/*.md; they include source through pymdownx.snippets lines (`--8<-- "path"`,
 `"path:section"` between `# --8<-- [start:section]` / `[end:section]` comments, or
@@ -185,3 +186,16 @@ def test_api_reference_documents_every_public_argument(path):
     documented = set(re.findall(r"^\s+(\*{0,2}\w+):", ast.get_docstring(cls) or "", flags=re.MULTILINE))
     assert names and not set(names) - documented, f"{API[path]}'s docstring leaves out {set(names) - documented}"
     assert f"::: {path[:-3].replace('/', '.')}.{API[path]}" in (DOCS / "api.md").read_text()
+
+
+@pytest.mark.parametrize("example", sorted((DOCS / "examples").glob("*.py")), ids=lambda path: path.name)
+def test_runnable_example_runs_and_a_page_shows_it(example):
+    """docs/examples/ holds the chapters' runnable examples: each runs on a CPU in seconds, its
+    assertions hold, and a page includes it as a listing."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(example)]
+    result = subprocess.run(command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip(), f"{example.name} printed nothing"
+    name = str(example.relative_to(ROOT))
+    assert any(f'title="{name}"' in page.read_text() for page in PAGES), f"no page shows {name}"
