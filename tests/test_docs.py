@@ -1,6 +1,7 @@
 """The docs site: every include resolves, every image exists, the generated files are what the
-scripts make now, and `mkdocs build --strict` passes; the measurement log (perf/LOG.md) is dated
-and cites results that exist.
+scripts make now, and `mkdocs build --strict` passes, with every listing's title linked; the
+runnable examples (docs/examples/) run; the API page's classes document every argument; the
+measurement log (perf/LOG.md) is dated and cites results that exist.
 
 Pages are docs/*.md; they include source through pymdownx.snippets lines (`--8<-- "path"`,
 `"path:section"` between `# --8<-- [start:section]` / `[end:section]` comments, or
@@ -154,3 +155,47 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").is_file()
+    # Every listing's title links its file (docs/scripts/source_links.py): with no repo_url, a page of the site.
+    site = tmp_path / "site"
+    for html in site.glob("*/index.html"):
+        for title in re.findall(r'<span class="filename">(.*?)</span>', html.read_text()):
+            link = re.fullmatch(r'<a href="\.\./(source/[^"]+)">([^<]+)</a>', title)
+            assert link, f"{html.relative_to(site)}: the listing title {title!r} links no file"
+            assert link.group(1) == f"source/{link.group(2)}/" and (site / link.group(1) / "index.html").is_file()
+
+
+# The classes docs/api.md documents, and where they are; RequestOutput's fields are its own module's.
+API = {"tinyvllm/llm.py": "LLM", "tinyvllm/engine/llm_engine.py": "LLMEngine",
+       "tinyvllm/sampling_params.py": "SamplingParams", "tinyvllm/config.py": "EngineConfig"}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(API), ids=lambda path: API[path])
+def test_api_reference_documents_every_public_argument(path):
+    """The API page shows each class's docstring: every field of a dataclass, and every
+    argument of `__init__`, is named at the start of a line of its Args or Attributes section."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == API[path])
+    names = [node.target.id for node in cls.body if isinstance(node, ast.AnnAssign)]
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            arguments = node.args
+            names += [a.arg for a in arguments.args[1:] + arguments.kwonlyargs]
+            names += [f"**{arguments.kwarg.arg}"] if arguments.kwarg else []
+    documented = set(re.findall(r"^\s+(\*{0,2}\w+):", ast.get_docstring(cls) or "", flags=re.MULTILINE))
+    assert names and not set(names) - documented, f"{API[path]}'s docstring leaves out {set(names) - documented}"
+    assert f"::: {path[:-3].replace('/', '.')}.{API[path]}" in (DOCS / "api.md").read_text()
+
+
+@pytest.mark.parametrize("example", sorted((DOCS / "examples").glob("*.py")), ids=lambda path: path.name)
+def test_runnable_example_runs_and_a_page_shows_it(example):
+    """docs/examples/ holds the chapters' runnable examples: each runs on a CPU in seconds, its
+    assertions hold, and a page includes it as a listing."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(example)]
+    result = subprocess.run(command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip(), f"{example.name} printed nothing"
+    name = str(example.relative_to(ROOT))
+    assert any(f'title="{name}"' in page.read_text() for page in PAGES), f"no page shows {name}"

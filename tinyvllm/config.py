@@ -47,7 +47,26 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, m
 # --8<-- [start:engine-args]
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """The engine's options, by the names `LLM(model, **kwargs)` takes (vLLM's where it has one)."""
+    """The engine's options, by the names `LLM(model, **kwargs)` takes (vLLM's where it has one).
+
+    Attributes:
+        mode: the batching policy, "continuous" (the batch re-formed every step) or "static".
+        backend: where the operators run: "cuda", "numpy", or "auto" (cuda if a GPU is present).
+        block_size: tokens per KV-cache block, a power of two.
+        gpu_memory_utilization: the fraction of the GPU's memory the engine may hold, in (0, 1].
+        num_blocks: KV-cache blocks; None sizes the cache from the memory free after a warm-up.
+        max_num_seqs: the most sequences in one batch.
+        max_num_batched_tokens: the most tokens one step computes; None: max_model_len, at
+            least MIN_BATCHED_TOKENS.
+        max_model_len: the longest prompt plus output, in tokens; None: the model's
+            max_position_embeddings, at most DEFAULT_MAX_MODEL_LEN.
+        linear_backend: with the cuda backend, which kernels run the matrix products (one of
+            LINEAR_BACKENDS; "auto" picks by the step's shape).
+        enforce_eager: run every step eagerly, capturing no CUDA graphs.
+        enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before.
+        activation_dtype: with the numpy backend, how activations are stored: "bf16" or "float32".
+        cpu_kv_cache_gib: with the numpy backend, the KV cache's size in GiB of host memory.
+    """
 
     mode: str = option("continuous", "batching policy", choices=MODES)
     backend: str = option("auto", "cuda, numpy, or auto (cuda if a GPU is present)", choices=BACKENDS)

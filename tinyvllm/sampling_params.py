@@ -19,6 +19,24 @@ SEED_LIMIT = 2**63
 # --8<-- [start:fields]
 @dataclass
 class SamplingParams:
+    """How one request's tokens are sampled and when it stops; every field is checked when built.
+
+    Attributes:
+        temperature: divides the logits before sampling; below 1e-5 (0 included) is greedy, the
+            argmax, and top_k and top_p are then ignored.
+        top_k: keep only the k most likely tokens (ties at the edge kept); -1 keeps all.
+        top_p: keep the most likely tokens whose probabilities add up to at least top_p
+            (nucleus sampling), in (0, 1]; 1 keeps all.
+        max_tokens: the most tokens to generate (finish reason "length").
+        stop: a string or a list of strings; generation stops at the first one found in the
+            detokenized text, which is cut before it (finish reason "stop"). Stored as a list.
+        stop_token_ids: token ids that stop generation besides the model's end-of-sequence ids;
+            checked against the vocabulary by the engine. Stored as a list.
+        ignore_eos: keep generating past the model's end-of-sequence tokens (for benchmarks).
+        seed: makes the request's sampling reproducible, in any batch and after preemption;
+            None draws one at random when the request is added. In [0, 2**63).
+    """
+
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0

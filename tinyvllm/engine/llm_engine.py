@@ -35,6 +35,20 @@ Prompt = str | list[int]
 
 
 class LLMEngine:
+    """The engine: requests in, cumulative `RequestOutput`s out, one scheduled step at a time.
+
+    `add_request` queues a prompt, `step` runs one step of the scheduler and the model and
+    returns the output of every request that got a token, `abort` frees a request's KV blocks,
+    `has_unfinished_requests` says when to stop stepping. Not thread-safe: the server gives it a
+    thread of its own (`tinyvllm.engine.async_engine.AsyncEngine`).
+
+    Args:
+        model: a Hugging Face model directory; None runs the embedded SmolLM2-135M-Instruct.
+        engine_config: the engine options as a `tinyvllm.config.EngineConfig`.
+        **kwargs: the same options as keyword arguments named after EngineConfig's fields
+            (`LLMEngine(model, max_num_seqs=8)`); not together with `engine_config`.
+    """
+
     def __init__(self, model: str | Path | None = None, engine_config: EngineConfig | None = None, **kwargs):
         """Load `model` (a Hugging Face directory; None: the embedded SmolLM2) and size its KV cache.
 
