@@ -56,8 +56,8 @@ class EngineConfig:
         gpu_memory_utilization: the fraction of the GPU's memory the engine may hold, in (0, 1].
         num_blocks: KV-cache blocks; None sizes the cache from the memory free after a warm-up.
         max_num_seqs: the most sequences in one batch.
-        max_num_batched_tokens: the most tokens one step computes; None: max_model_len, at
-            least MIN_BATCHED_TOKENS.
+        max_num_batched_tokens: the most tokens one step computes; None: on the GPU
+            max_model_len, at least MIN_BATCHED_TOKENS; on the NumPy backend NUMPY_BATCHED_TOKENS.
         max_model_len: the longest prompt plus output, in tokens; None: the model's
             max_position_embeddings, at most DEFAULT_MAX_MODEL_LEN.
         linear_backend: with the cuda backend, which kernels run the matrix products (one of
@@ -66,6 +66,10 @@ class EngineConfig:
         enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before.
         activation_dtype: with the numpy backend, how activations are stored: "bf16" or "float32".
         cpu_kv_cache_gib: with the numpy backend, the KV cache's size in GiB of host memory.
+        dtype: the dtype of weights and activations, vLLM's option: "bfloat16", the only one
+            the kernels compute in, or "auto", which is the same.
+        seed: the seed from which requests that give none draw theirs, so that a run repeats
+            itself; None: each such request gets a random seed.
     """
 
     mode: str = option("continuous", "batching policy", choices=MODES)
