@@ -42,8 +42,13 @@ def empty_step(max_blocks_per_seq: int) -> HostStep:
 
 
 # --8<-- [start:build-step]
-def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) -> HostStep:
+def build_step(
+    batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int, penalty_slots: np.ndarray | None = None
+) -> HostStep:
     """NumPy metadata for a batch whose decode sequences come first.
+
+    penalty_slots: the token-state slot of each sampling sequence (`token_slots.py`);
+    None: no sequence reads one.
 
     Each scheduled sequence computes tokens [start, start + n) of its token list, where
     start = num_computed_tokens; the last of them samples if the batch says so. A decode
@@ -77,6 +82,8 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
     slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
     sampling = [seq for seq, samples in zip(seqs, batch.samples) if samples]
     params = [seq.sampling_params for seq in sampling]
+    if penalty_slots is None:
+        penalty_slots = np.full(len(sampling), -1, dtype=np.int32)
     return HostStep(
         token_ids=token_ids,
         token_sources=token_sources,
@@ -91,6 +98,14 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
         top_p=np.array([p.top_p for p in params], dtype=np.float32),
         seeds=np.array([seq.seed for seq in sampling], dtype=np.uint64),
         sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
+        presence_penalty=np.array([p.presence_penalty for p in params], dtype=np.float32),
+        frequency_penalty=np.array([p.frequency_penalty for p in params], dtype=np.float32),
+        repetition_penalty=np.array([p.repetition_penalty for p in params], dtype=np.float32),
+        min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        penalty_slots=penalty_slots,
+        mask_stop_tokens=np.array(
+            [seq.num_completion_tokens < seq.sampling_params.min_tokens for seq in sampling], dtype=np.int32
+        ),
         num_decode=batch.num_decodes,
     )
 
