@@ -90,6 +90,20 @@ def test_min_tokens_holds_back_eos_that_greedy_would_pick_first(tiny_model, tmp_
     assert first not in out.token_ids[:4]
 
 
+def test_stop_strings_wait_for_min_tokens(tiny_model):
+    llm = LLM(tiny_model, backend="numpy")
+    prompt = [40, 41, 42]
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+    stop = llm.engine.tokenizer.decode(free.token_ids[:1])
+    assert stop and stop not in llm.engine.tokenizer.decode(free.token_ids[1:3])
+    stopped = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=stop))[0]
+    assert (stopped.token_ids, stopped.finish_reason) == (free.token_ids[:1], "stop")
+    held = llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=stop, min_tokens=3)
+    )
+    assert len(held[0].token_ids) >= 3 and held[0].token_ids == free.token_ids[: len(held[0].token_ids)]
+
+
 def test_cuda_backend_penalties_and_min_tokens_match_the_loop(tmp_path):
     overrides = ENGINE_SIMULATOR_OVERRIDES if SIMULATOR else TINY_OVERRIDES
     tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS))

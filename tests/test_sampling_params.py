@@ -101,19 +101,15 @@ def test_good_values_are_kept_and_stops_become_lists(temperature, top_k, top_p, 
     min_tokens=st.integers(0, 16),
 )
 def test_good_penalties_and_minimums_are_kept(presence, frequency, repetition, min_p, min_tokens):
-    params = SamplingParams(
-        presence_penalty=presence,
-        frequency_penalty=frequency,
-        repetition_penalty=repetition,
-        min_p=min_p,
-        min_tokens=min_tokens,
-    )
-    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (
-        presence,
-        frequency,
-        repetition,
-    )
-    assert (params.min_p, params.min_tokens) == (min_p, min_tokens)
+    values = {
+        "presence_penalty": presence,
+        "frequency_penalty": frequency,
+        "repetition_penalty": repetition,
+        "min_p": min_p,
+        "min_tokens": min_tokens,
+    }
+    params = SamplingParams(**values)
+    assert {name: getattr(params, name) for name in values} == values
     assert params.uses_token_state == (presence != 0 or frequency != 0 or repetition != 1 or min_tokens > 0)
 
 

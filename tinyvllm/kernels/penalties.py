@@ -83,8 +83,9 @@ def _count_kernel(token_state, slots, sampled):
     allow_dependent_launch()
     wait_for_prior_grid()
     row = cuda.grid(1)
-    if row < slots.shape[0] and slots[row] >= 0:
-        token_state[slots[row], sampled[row]] += 1
+    if row >= slots.shape[0] or slots[row] < 0:
+        return
+    token_state[slots[row], sampled[row]] += 1
 
 
 # --8<-- [start:min-p-kernel]
