@@ -30,10 +30,13 @@ class TokenSlots:
         self.free = list(range(max_num_seqs - 1, -1, -1))
         self.owners: dict[Sequence, int] = {}
 
-    def assign(self, batch: ScheduledBatch) -> np.ndarray:
+    def assign(self, batch: ScheduledBatch) -> np.ndarray | None:
         """The slot of each sampling sequence of the batch (-1: it reads none), every slot's
-        row written where the sequence samples for the first time since its admission."""
+        row written where the sequence samples for the first time since its admission;
+        None when no sequence of the batch reads one."""
         self._release_stopped()
+        if not any(seq.sampling_params.uses_token_state for seq in batch.seqs):
+            return None
         slots = []
         for index, (seq, samples) in enumerate(zip(batch.seqs, batch.samples)):
             if not samples:
