@@ -8,6 +8,7 @@ After construction `stop` is a list of strings and `stop_token_ids` a list of in
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral, Real
 
 # Like vLLM: temperatures below this sample greedily, so the sampler never divides by ~0.
@@ -73,9 +74,11 @@ class SamplingParams:
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
 
-    @property
+    @cached_property
     def uses_token_state(self) -> bool:
-        """Whether sampling reads the tokens seen so far: a penalty, or stop tokens masked by min_tokens."""
+        """Whether sampling reads the tokens seen so far: a penalty, or stop tokens masked by
+        min_tokens. Asked of every sequence in every step, so computed once (the values are
+        checked once too: a SamplingParams is not changed after construction)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1 or self.min_tokens)
 
     @property
