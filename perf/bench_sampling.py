@@ -13,7 +13,16 @@ time and the bandwidth of all those passes together, against the 4.25 TB/s copy 
 Two kinds of rows: "flat", standard normal logits (every token carries mass: the most
 work for top-p's histogram), and "peaked", normal logits of scale 2.5 with ten tokens
 raised by 12, closer to a model's output. Bar: every case at S = 256, V = 128256 within
-300 us. Results go to perf/results/bench_sampling.json.
+300 us.
+
+"every_option" is a step with every sampling option on (kernels/penalties.py): the
+penalty kernel over each row's token state (a 512-token prompt and 256 output tokens
+per row, stop tokens masked), min-p 0.05, then `sample` with top-k 50 and top-p 0.9, and
+the count update. Its passes: the sampler's 8, the penalties' 2 (the logits and the
+state words), min-p's 2. The penalties change the logits in place, so each repeat
+penalizes the last one's output again: the same work. Its ratio to today's sampler with
+the same filters (top_k_top_p), and to plain, are printed and kept; bar, on the first: at most OPTIONS_BAR_RATIO at
+S = 256, V = 128256. Results go to perf/results/bench_sampling.json.
 """
 
 import argparse
@@ -25,7 +34,9 @@ from numba import config, cuda
 
 from perf.timing import median_ms, result_header
 from tests.sampling_cases import pack_sampling_params
+from tinyvllm.kernels.penalties import apply_min_p, apply_penalties, count_sampled_tokens
 from tinyvllm.kernels.sampling import sample, sample_workspace_shape
+from tinyvllm.kernels.token_state import token_state_row
 
 COPY_CEILING_TBPS = 4.25
 BAR_US = 300.0
@@ -40,6 +51,13 @@ SAMPLERS = {
     "top_p": (0.8, -1, 0.9, 5),
     "top_k_top_p": (0.8, 50, 0.9, 8),
 }
+EVERY_OPTION = "every_option"
+OPTIONS_BAR_RATIO = 2.0
+"""every_option may cost at most this many times top_k_top_p at BAR_SHAPE."""
+OPTIONS_PASSES = SAMPLERS["top_k_top_p"][3] + 2 + 2
+HISTORY = {"prompt": 512, "output": 256}
+"""Tokens of each row's sequence that the penalties read."""
+OPTIONS = {"presence": 0.5, "frequency": 0.3, "repetition": 1.2, "min_p": 0.05}
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_sampling.json"
 
 rng = np.random.default_rng(0)
@@ -66,6 +84,56 @@ def cases(rows: int, vocab: int, kind: str):
         params = pack_sampling_params([temperature] * rows, [top_k] * rows, [top_p] * rows, seeds, offsets)
         device_params = [cuda.to_device(array) for array in params]
         yield f"sample_{name}", passes, lambda params=device_params: sample(logits, *params, out, *workspace)
+    yield EVERY_OPTION, OPTIONS_PASSES, every_option_step(logits, out, workspace, seeds)
+
+
+def every_option_step(logits, out, workspace, seeds):
+    """The call of one step with every option on, over `logits` (changed in place)."""
+    rows, vocab = logits.shape
+    temperature, top_k, top_p, _ = SAMPLERS["top_k_top_p"]
+    sampler_params = pack_sampling_params([temperature] * rows, [top_k] * rows, [top_p] * rows, seeds, range(rows))
+    sampler_params = [cuda.to_device(array) for array in sampler_params]
+    state = np.stack(
+        [
+            token_state_row(
+                vocab,
+                rng.integers(0, vocab, HISTORY["prompt"]),
+                rng.integers(0, vocab, HISTORY["output"]),
+                rng.integers(0, vocab, 3),
+            )
+            for _ in range(rows)
+        ]
+    )
+    state, slots = cuda.to_device(state), cuda.to_device(np.arange(rows, dtype=np.int32))
+    row_params = [
+        cuda.to_device(np.full(rows, OPTIONS[name], np.float32)) for name in ("presence", "frequency", "repetition")
+    ]
+    mask_stop_tokens = cuda.to_device(np.ones(rows, np.int32))
+    min_p = cuda.to_device(np.full(rows, OPTIONS["min_p"], np.float32))
+
+    def call():
+        apply_penalties(logits, state, slots, *row_params, mask_stop_tokens)
+        apply_min_p(logits, sampler_params[0], min_p)
+        sample(logits, *sampler_params, out, *workspace)
+        count_sampled_tokens(state, slots, out)
+
+    return call
+
+
+def options_ratios(results: list[dict]) -> list[dict]:
+    """every_option's time over top_k_top_p's (the bar's) and over plain's, for each shape and kind of logits."""
+    times = {(row["op"], row["logits"], row["rows"], row["vocab"]): row["median_us"] for row in results}
+    return [
+        {
+            "logits": kind,
+            "rows": rows,
+            "vocab": vocab,
+            "ratio_to_top_k_top_p": us / times["sample_top_k_top_p", kind, rows, vocab],
+            "ratio_to_plain": us / times["sample_plain", kind, rows, vocab],
+        }
+        for (op, kind, rows, vocab), us in times.items()
+        if op == EVERY_OPTION
+    ]
 
 
 def main() -> None:
@@ -109,6 +177,18 @@ def main() -> None:
         f"{'met' if bar_met else 'MISSED'} (slowest {slowest['op']} {slowest['logits']}, "
         f"{slowest['median_us']:.1f} us)"
     )
+    ratios = options_ratios(results)
+    for ratio in ratios:
+        print(
+            f"{EVERY_OPTION} / sample_top_k_top_p {ratio['logits']:<7} S={ratio['rows']:>4} V={ratio['vocab']:>7}: "
+            f"{ratio['ratio_to_top_k_top_p']:.2f}x (to sample_plain {ratio['ratio_to_plain']:.2f}x)"
+        )
+    at_options_bar = [ratio for ratio in ratios if (ratio["rows"], ratio["vocab"]) == BAR_SHAPE]
+    options_bar_met = all(ratio["ratio_to_top_k_top_p"] <= OPTIONS_BAR_RATIO for ratio in at_options_bar)
+    print(
+        f"bar: {EVERY_OPTION} at S={BAR_SHAPE[0]}, V={BAR_SHAPE[1]} within {OPTIONS_BAR_RATIO:.0f}x "
+        f"sample_top_k_top_p: {'met' if options_bar_met else 'MISSED'}"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         **result_header(),
@@ -116,7 +196,12 @@ def main() -> None:
         "bar_us": BAR_US,
         "bar_shape": list(BAR_SHAPE),
         "bar_met": bar_met,
+        "options_bar_ratio": OPTIONS_BAR_RATIO,
+        "options_bar_met": options_bar_met,
+        "options": OPTIONS,
+        "history": HISTORY,
         "results": results,
+        "options_ratios": ratios,
     }
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -36,6 +36,7 @@ from numba import cuda
 
 from perf.models import model_dir
 from perf.timing import hold, result_header
+from tinyvllm.backends.variants import PLAIN_SAMPLER
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
@@ -117,7 +118,7 @@ def graph_us(engine: LLMEngine, batch_size: int) -> float:
         hold(backend.stream, HOLD_US)
         start, end = cuda.event(), cuda.event()
         start.record(backend.stream)
-        backend.launch_graph(graphs.graphs[bucket])
+        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER])
         end.record(backend.stream)
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)

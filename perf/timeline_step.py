@@ -30,6 +30,7 @@ import numpy as np
 from perf.models import model_dir
 from perf.profile_step import run_prefills
 from perf.timing import result_header
+from tinyvllm.backends.variants import PLAIN_SAMPLER
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
@@ -62,7 +63,7 @@ def replay_kernels(engine: LLMEngine) -> list[list[dict]]:
         for _ in range(REPLAYS):
             backend.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-                backend.launch_graph(graphs.graphs[1])
+                backend.launch_graph(graphs.graphs[1, PLAIN_SAMPLER])
                 backend.synchronize()
             trace = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(trace))

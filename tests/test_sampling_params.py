@@ -42,6 +42,22 @@ INVALID = [
     ("seed", 2**63),
     ("seed", 1.0),
     ("seed", "42"),
+    ("presence_penalty", 2.01),
+    ("presence_penalty", -2.5),
+    ("presence_penalty", math.nan),
+    ("presence_penalty", "0.5"),
+    ("frequency_penalty", 3),
+    ("frequency_penalty", -math.inf),
+    ("frequency_penalty", True),
+    ("repetition_penalty", 0),
+    ("repetition_penalty", -1.2),
+    ("repetition_penalty", math.inf),
+    ("min_p", -0.01),
+    ("min_p", 1.5),
+    ("min_p", None),
+    ("min_tokens", -1),
+    ("min_tokens", 17),  # above the default max_tokens of 16
+    ("min_tokens", 1.0),
 ]
 
 
@@ -75,6 +91,26 @@ def test_good_values_are_kept_and_stops_become_lists(temperature, top_k, top_p, 
     assert params.stop == ([] if stop is None else [stop] if isinstance(stop, str) else stop)
     assert params.stop_token_ids == (stop_token_ids or [])
     assert params.greedy == (temperature < 1e-5)
+
+
+@given(
+    presence=st.floats(-2, 2),
+    frequency=st.floats(-2, 2),
+    repetition=st.floats(0, 10, exclude_min=True),
+    min_p=st.floats(0, 1),
+    min_tokens=st.integers(0, 16),
+)
+def test_good_penalties_and_minimums_are_kept(presence, frequency, repetition, min_p, min_tokens):
+    values = {
+        "presence_penalty": presence,
+        "frequency_penalty": frequency,
+        "repetition_penalty": repetition,
+        "min_p": min_p,
+        "min_tokens": min_tokens,
+    }
+    params = SamplingParams(**values)
+    assert {name: getattr(params, name) for name in values} == values
+    assert params.uses_token_state == (presence != 0 or frequency != 0 or repetition != 1 or min_tokens > 0)
 
 
 def test_numpy_scalars_are_accepted_as_python_numbers():

@@ -119,6 +119,19 @@ def test_token_id_prompt_and_seeded_sampling(client, oracle):
         assert response.usage.prompt_tokens == len(token_ids)
 
 
+def test_penalties_and_minimums_reach_the_engine(client, oracle):
+    """Penalties that reward repeats (negative, and a repetition factor below 1) change this
+    model's greedy text, so the request must carry them to the engine to match."""
+    fields = {"presence_penalty": -2.0, "frequency_penalty": -1.0}
+    extra = {"repetition_penalty": 0.7, "min_p": 0.1, "min_tokens": 5}
+    text, reason, _ = expected(oracle, "Once upon a time", temperature=0.0, max_tokens=12, **fields, **extra)
+    assert text != expected(oracle, "Once upon a time", temperature=0.0, max_tokens=12)[0]
+    response = client.completions.create(
+        model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0.0, **fields, extra_body=extra
+    )
+    assert (response.choices[0].text, response.choices[0].finish_reason) == (text, reason)
+
+
 def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle):
     params = dict(temperature=1.0, seed=3, max_tokens=48, ignore_eos=True)
     full, _, _ = expected(oracle, PROMPTS[0], **params)
@@ -197,7 +210,11 @@ COMPLETION_ERRORS = [
     ({"ignore_eos": "no"}, "ignore_eos"),
     ({"logprobs": 1}, "logprobs"),
     ({"echo": True}, "echo"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": "high"}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_tokens": 17}, "min_tokens"),
     ({"prompt": ["one", "two"]}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"prompt": ""}, "prompt"),

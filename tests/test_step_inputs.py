@@ -41,6 +41,12 @@ EXPECTED_CAPACITY = {
     "top_p": ((6,), np.float32),
     "seeds": ((6,), np.uint64),
     "sample_positions": ((6,), np.int64),
+    "presence_penalty": ((6,), np.float32),
+    "frequency_penalty": ((6,), np.float32),
+    "repetition_penalty": ((6,), np.float32),
+    "min_p": ((6,), np.float32),
+    "penalty_slots": ((6,), np.int32),
+    "mask_stop_tokens": ((6,), np.int32),
     "block_tables": ((6, 5), np.int32),
 }
 

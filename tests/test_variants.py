@@ -112,6 +112,9 @@ KERNEL_FUNCTIONS = {
     "merge_partitions": "_merge_partitions_kernel",
     "sample_parts": "_part_kernel",
     "sample": "_sample_kernel",
+    "apply_penalties": "_penalty_kernel",
+    "apply_min_p": "_min_p_kernel",
+    "count_sampled_tokens": "_count_kernel",
 }
 """The `@cuda.jit` function behind each kernel the table names (the GEMV's is named for
 whether it applies the norm)."""

@@ -8,6 +8,7 @@ After construction `stop` is a list of strings and `stop_token_ids` a list of in
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral, Real
 
 # Like vLLM: temperatures below this sample greedily, so the sampler never divides by ~0.
@@ -45,6 +46,11 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
@@ -68,6 +74,30 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed)
             if not 0 <= self.seed < SEED_LIMIT:
                 raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        self._check_penalties_and_min()
+
+    def _check_penalties_and_min(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _real(name, getattr(self, name))
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+        self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        self.min_p = _real("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        self.min_tokens = _integer("min_tokens", self.min_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+
+    @cached_property
+    def uses_token_state(self) -> bool:
+        """Whether sampling reads the tokens seen so far: a penalty, or stop tokens masked by
+        min_tokens. Asked of every sequence in every step, so computed once (the values are
+        checked once too: a SamplingParams is not changed after construction)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1 or self.min_tokens)
 
     @property
     def greedy(self) -> bool:

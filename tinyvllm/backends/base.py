@@ -138,6 +138,26 @@ class SamplerOperators(Protocol):
     ) -> None:
         """out[s] = a token drawn from row s of logits with row s's parameters (0: greedy)."""
 
+    def apply_penalties(
+        self,
+        logits: Output,
+        token_state: DeviceArray,
+        slots: DeviceArray,
+        presence: DeviceArray,
+        frequency: DeviceArray,
+        repetition: DeviceArray,
+        mask_stop_tokens: DeviceArray,
+    ) -> None:
+        """Row s of logits, in place, penalized by the state of slot slots[s] (-1: as it is),
+        its stop tokens -inf where mask_stop_tokens[s] (min_tokens; `kernels/penalties.py`)."""
+
+    def apply_min_p(self, logits: Output, temperature: DeviceArray, min_p: DeviceArray) -> None:
+        """Row s of logits, in place, with the tokens below min_p[s] times the top one's
+        probability at -inf (greedy rows and min_p 0 as they are)."""
+
+    def count_sampled_tokens(self, token_state: Output, slots: DeviceArray, sampled: DeviceArray) -> None:
+        """token_state[slots[s], sampled[s]] += 1 where slots[s] >= 0: the output counts, kept current."""
+
 
 class Memory(Protocol):
     """Where arrays live and how bytes move between the host and them."""
@@ -166,6 +186,9 @@ class Memory(Protocol):
 
     def upload_bytes(self, host: np.ndarray, device: DeviceArray, nbytes: int) -> None:
         """Copy the first nbytes of a uint8 host array into a uint8 device array."""
+
+    def upload_row(self, host: np.ndarray, device: DeviceArray, row: int) -> None:
+        """Copy a host array into row `row` of a 2-D device array, behind the queued work."""
 
     def download_async(self, device: DeviceArray, host: np.ndarray, count: int) -> None:
         """Queue a copy of the first `count` elements of a 1-D array into host memory."""

@@ -14,7 +14,7 @@ from numba import cuda
 from numba.cuda.cudadrv.driver import device_memset
 
 from tinyvllm.backends.variants import VariantTable, decode_shape
-from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, sampling
+from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, penalties, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -84,6 +84,10 @@ class CudaBackend:
             device[:nbytes].copy_to_device(host[:nbytes])
         else:
             host_to_device(device, host, nbytes, stream=self.stream)
+
+    def upload_row(self, host: np.ndarray, device, row: int) -> None:
+        """A pageable copy: it waits for the stream's queued work, then copies (once per admission)."""
+        device[row].copy_to_device(np.ascontiguousarray(host), stream=self.stream)
 
     def download_async(self, device, host: np.ndarray, count: int) -> None:
         """Queue a copy of the first `count` elements of a 1-D device array into (pinned)
@@ -205,3 +209,14 @@ class CudaBackend:
         sampling.sample(
             logits, temperature, top_k, top_p, seeds, positions, out, part_values, part_indices, stream=self.stream
         )
+
+    def apply_penalties(self, logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens) -> None:
+        penalties.apply_penalties(
+            logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens, stream=self.stream
+        )
+
+    def apply_min_p(self, logits, temperature, min_p) -> None:
+        penalties.apply_min_p(logits, temperature, min_p, stream=self.stream)
+
+    def count_sampled_tokens(self, token_state, slots, sampled) -> None:
+        penalties.count_sampled_tokens(token_state, slots, sampled, stream=self.stream)

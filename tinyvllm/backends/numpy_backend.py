@@ -21,6 +21,7 @@ import numpy as np
 
 from tinyvllm.config import ACTIVATION_DTYPES
 from tinyvllm.kernels import reference
+from tinyvllm.kernels import token_state as _tokens
 from tinyvllm.kernels.reference import from_bf16, gumbel_noise, to_bf16
 
 
@@ -58,6 +59,9 @@ class NumpyBackend:
 
     def upload_bytes(self, host: np.ndarray, device: np.ndarray, nbytes: int) -> None:
         device[:nbytes] = host[:nbytes]
+
+    def upload_row(self, host: np.ndarray, device: np.ndarray, row: int) -> None:
+        device[row] = host
 
     def download_async(self, device: np.ndarray, host: np.ndarray, count: int) -> None:
         host[:count] = device[:count]
@@ -168,3 +172,26 @@ class NumpyBackend:
             probs = reference.sampling_probs(logits[row], temperature[row], top_k[row], top_p[row])
             noise = gumbel_noise(int(seeds[row]), int(positions[row]), probs.size)
             out[row] = np.argmax(np.where(probs > 0, logits[row] / temperature[row] + noise, -np.inf))
+
+    def apply_penalties(self, logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens) -> None:
+        for row in np.flatnonzero(slots >= 0):
+            state = token_state[slots[row]]
+            penalized = reference.apply_penalties(
+                logits[row],
+                _tokens.output_counts(state),
+                _tokens.seen(state),
+                presence[row],
+                frequency[row],
+                repetition[row],
+            )
+            if mask_stop_tokens[row]:
+                penalized[_tokens.stop_tokens(state)] = -np.inf
+            logits[row] = penalized
+
+    def apply_min_p(self, logits, temperature, min_p) -> None:
+        for row in range(logits.shape[0]):
+            logits[row] = reference.min_p_filter(logits[row], temperature[row], min_p[row])
+
+    def count_sampled_tokens(self, token_state, slots, sampled) -> None:
+        rows = slots >= 0
+        token_state[slots[rows], sampled[rows]] += 1

@@ -97,6 +97,9 @@ class RecordingBackend:
     def upload_bytes(self, host: np.ndarray, device: ShapeOnly, nbytes: int) -> None:
         """A copy, not a kernel: nothing to record."""
 
+    def upload_row(self, host: np.ndarray, device: ShapeOnly, row: int) -> None:
+        """A copy, not a kernel: nothing to record."""
+
     def download_async(self, device: ShapeOnly, host: np.ndarray, count: int) -> None:
         """A copy, not a kernel: nothing to record (the host keeps what it holds)."""
 
@@ -168,3 +171,12 @@ class RecordingBackend:
 
     def sample(self, logits, temperature, top_k, top_p, seeds, positions, out, scratch) -> None:
         self._record("sample", *self.variants.sample_launches(logits.shape[0]))
+
+    def apply_penalties(self, logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens) -> None:
+        self._record("apply_penalties", KernelLaunch("apply_penalties"))
+
+    def apply_min_p(self, logits, temperature, min_p) -> None:
+        self._record("apply_min_p", KernelLaunch("apply_min_p"))
+
+    def count_sampled_tokens(self, token_state, slots, sampled) -> None:
+        self._record("count_sampled_tokens", KernelLaunch("count_sampled_tokens"))

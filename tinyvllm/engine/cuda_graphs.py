@@ -13,10 +13,15 @@ dependent choice (grid sizes, split-K partitions, which GEMM) depends only on th
 bucket. Padding rows write no KV (slot -1), attend to one token of block 0 and sample
 greedily; their outputs are never read. The captures allocate nothing: every buffer is
 the runner's, so all graphs share the same memory.
+
+A graph is also keyed by the step's sampler options (`variants.SamplerOptions`): the plain
+sampler's graphs are captured up front; the first decode step of a bucket that needs the
+penalty or min-p kernels runs eagerly and is then captured, for the steps after it.
 """
 
 import numpy as np
 
+from tinyvllm.backends.variants import PLAIN_SAMPLER, SamplerOptions
 from tinyvllm.engine.step_inputs import HostStep, StepBuffers, empty_step
 from tinyvllm.model.step_fields import STEP_FIELDS, Pad
 
@@ -74,24 +79,37 @@ class DecodeGraphs:
         return self.buckets[-1]
 
     def capture(self, runner) -> None:
-        """Capture every bucket, largest first, each from a step of padding rows only."""
+        """Capture every bucket with the plain sampler, largest first, each from a step of
+        padding rows only."""
         template = empty_step(runner.limits.max_blocks_per_seq)
         for size in reversed(self.buckets):
             inputs = runner.buffers.upload(pad_decode_step(template, size))
             runner.forward_and_sample(inputs)
-            runner.backend.synchronize()
-            runner.backend.begin_capture()
-            runner.forward_and_sample(inputs)
-            self.graphs[size] = runner.backend.end_capture()
+            self.graphs[size, PLAIN_SAMPLER] = self._capture(runner, inputs, PLAIN_SAMPLER)
 
-    def replay(self, runner, step: HostStep) -> None:
+    def replay(self, runner, step: HostStep, options: SamplerOptions) -> None:
         """Launch a decode step of B <= max_batch sequences: its B sampled tokens go to
         the leading rows of the runner's `buffers.sampled`."""
         batch = step.token_ids.shape[0]
         size = next(bucket for bucket in self.buckets if bucket >= batch)
         buffers: StepBuffers = runner.buffers
-        buffers.stage(pad_decode_step(step, size))
-        runner.backend.launch_graph(self.graphs[size])
+        padded = pad_decode_step(step, size)
+        buffers.stage(padded)
+        graph = self.graphs.get((size, options))
+        if graph is None:
+            inputs = buffers.views(padded)
+            runner.forward_and_sample(inputs, options)
+            self.graphs[size, options] = self._capture(runner, inputs, options)
+        else:
+            runner.backend.launch_graph(graph)
+
+    @staticmethod
+    def _capture(runner, inputs, options: SamplerOptions):
+        """The graph of one step on `inputs` (after the step ran once, so its kernels are compiled)."""
+        runner.backend.synchronize()
+        runner.backend.begin_capture()
+        runner.forward_and_sample(inputs, options)
+        return runner.backend.end_capture()
 
 
 # --8<-- [end:graphs]

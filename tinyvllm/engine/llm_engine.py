@@ -171,7 +171,7 @@ class LLMEngine:
             detokenizer.finish()
         new_chars = len(detokenizer.text) - before
         stop = find_stop_string(detokenizer.text, seq.sampling_params.stop, new_chars)
-        if stop is not None:
+        if stop is not None and len(seq.completion_token_ids) >= seq.sampling_params.min_tokens:
             detokenizer.text = detokenizer.text[: stop[0]]
             self.scheduler.finish(seq, "stop")
         if seq.is_finished:

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.backends.base import Backend
+from tinyvllm.backends.variants import PLAIN_SAMPLER, SamplerOptions, sampler_options
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.step_inputs import StepBuffers, build_step
+from tinyvllm.engine.token_slots import TokenSlots
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.llama import LlamaModel, Workspace
 from tinyvllm.model.step_fields import StepInputs
@@ -38,6 +40,7 @@ class ModelRunner:
         self.model = LlamaModel(config, weights, backend)
         self.workspace = Workspace(backend, config, limits.max_num_batched_tokens, limits.max_num_seqs)
         self.buffers = StepBuffers(backend, limits)
+        self.token_slots = TokenSlots(backend, limits.max_num_seqs, config.vocab_size, config.stop_token_ids)
         self.num_blocks = 0
         self.kv_arena = None
         self.kv_caches: list[tuple] = []
@@ -79,12 +82,14 @@ class ModelRunner:
     # --8<-- [start:execute]
     def launch(self, batch: ScheduledBatch) -> "LaunchedStep":
         """Queue one scheduled batch on the device; `collect` gives its sampled tokens."""
-        step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq)
+        slots = self.token_slots.assign(batch)
+        step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq, slots)
+        options = sampler_options(step.penalty_slots, step.temperature, step.min_p)
         decode_only = step.num_decode == step.context_lens.shape[0]
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
-            self.graphs.replay(self, step)
+            self.graphs.replay(self, step, options)
         else:
-            self.forward_and_sample(self.buffers.upload(step))
+            self.forward_and_sample(self.buffers.upload(step), options)
         num_sampled, turn = step.sample_rows.shape[0], self.buffers.turn
         host, done = self.buffers.sampled_host[turn], self.buffers.sampled_ready[turn]
         self.backend.download_async(self.buffers.sampled, host, num_sampled)
@@ -100,14 +105,28 @@ class ModelRunner:
         """`launch`, then `collect`: one step, start to finish."""
         return self.collect(self.launch(batch))
 
-    def forward_and_sample(self, inputs: StepInputs) -> None:
+    def forward_and_sample(self, inputs: StepInputs, options: SamplerOptions = PLAIN_SAMPLER) -> None:
         """The device work of a step (what a graph captures): the tokens sampled by the
         previous step go into the rows that wait for them, and this step's sampled tokens
-        to the leading rows of `buffers.sampled`."""
-        self.backend.feed_sampled_tokens(inputs.token_ids, inputs.token_sources, self.buffers.sampled)
+        to the leading rows of `buffers.sampled`; the `options` kernels change the logits
+        before the draw, and the penalties' counts take the drawn tokens after it."""
+        ops, state = self.backend, self.token_slots.state
+        ops.feed_sampled_tokens(inputs.token_ids, inputs.token_sources, self.buffers.sampled)
         logits = self.model.forward(inputs, self.kv_caches, self.workspace)
-        sampled = self.backend.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
-        self.backend.sample(
+        sampled = ops.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
+        if options.penalties:
+            ops.apply_penalties(
+                logits,
+                state,
+                inputs.penalty_slots,
+                inputs.presence_penalty,
+                inputs.frequency_penalty,
+                inputs.repetition_penalty,
+                inputs.mask_stop_tokens,
+            )
+        if options.min_p:
+            ops.apply_min_p(logits, inputs.temperature, inputs.min_p)
+        ops.sample(
             logits,
             inputs.temperature,
             inputs.top_k,
@@ -117,6 +136,8 @@ class ModelRunner:
             sampled,
             self.workspace.sample_scratch,
         )
+        if options.penalties:
+            ops.count_sampled_tokens(state, inputs.penalty_slots, sampled)
 
     # --8<-- [end:execute]
 

@@ -229,7 +229,8 @@ class Scheduler:
     def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
         """Why seq stops at its token `token`, the num_tokens-th of its list, if it does."""
         params = seq.sampling_params
-        if (token in self._eos and not params.ignore_eos) or token in params.stop_token_ids:
+        before_min_tokens = num_tokens - seq.num_prompt_tokens < params.min_tokens
+        if not before_min_tokens and ((token in self._eos and not params.ignore_eos) or token in params.stop_token_ids):
             return "stop"
         if self._reached_length(seq, num_tokens):
             return "length"

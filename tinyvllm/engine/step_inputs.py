@@ -25,6 +25,15 @@ from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
 from tinyvllm.model.step_fields import STEP_FIELDS, StepInputs, step_class
 
+_OPTION_FIELDS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "penalty_slots",
+    "mask_stop_tokens",
+)
+
 HostStep = step_class(
     "HostStep",
     __name__,
@@ -42,8 +51,13 @@ def empty_step(max_blocks_per_seq: int) -> HostStep:
 
 
 # --8<-- [start:build-step]
-def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) -> HostStep:
+def build_step(
+    batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int, penalty_slots: np.ndarray | None = None
+) -> HostStep:
     """NumPy metadata for a batch whose decode sequences come first.
+
+    penalty_slots: the token-state slot of each sampling sequence (`token_slots.py`, -1:
+    none); None: no sequence reads one, and the penalty fields hold their neutral pads.
 
     Each scheduled sequence computes tokens [start, start + n) of its token list, where
     start = num_computed_tokens; the last of them samples if the batch says so. A decode
@@ -91,11 +105,35 @@ def build_step(batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int) 
         top_p=np.array([p.top_p for p in params], dtype=np.float32),
         seeds=np.array([seq.seed for seq in sampling], dtype=np.uint64),
         sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
+        **_option_fields(sampling, penalty_slots),
         num_decode=batch.num_decodes,
     )
 
 
 # --8<-- [end:build-step]
+
+
+_OPTION_PADS = {field.name: (field.pad, field.dtype) for field in STEP_FIELDS if field.name in _OPTION_FIELDS}
+
+
+def _option_fields(sampling: list, penalty_slots: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The penalty and min-p fields of the sampled rows: each field's neutral pad, except in
+    the rows that use it. Most steps use none, and a per-row loop over a large batch would
+    cost them host time for nothing."""
+    fields = {name: np.full(len(sampling), pad, dtype) for name, (pad, dtype) in _OPTION_PADS.items()}
+    if penalty_slots is not None:
+        fields["penalty_slots"] = penalty_slots
+        for row in np.flatnonzero(penalty_slots >= 0).tolist():
+            seq = sampling[row]
+            params = seq.sampling_params
+            fields["presence_penalty"][row] = params.presence_penalty
+            fields["frequency_penalty"][row] = params.frequency_penalty
+            fields["repetition_penalty"][row] = params.repetition_penalty
+            fields["mask_stop_tokens"][row] = seq.num_completion_tokens < params.min_tokens
+    for row, seq in enumerate(sampling):
+        if seq.sampling_params.min_p:
+            fields["min_p"][row] = seq.sampling_params.min_p
+    return fields
 
 
 class StepBuffers:

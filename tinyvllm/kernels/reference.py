@@ -209,6 +209,33 @@ def sampling_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     return probs / probs.sum()
 
 
+def apply_penalties(
+    logits: np.ndarray,
+    output_counts: np.ndarray,
+    seen: np.ndarray,
+    presence: float,
+    frequency: float,
+    repetition: float,
+) -> np.ndarray:
+    """vLLM's penalties on one row of raw logits (`apply_penalties` in vLLM's
+    model_executor/layers/utils.py). repetition_penalty r first, on every token seen in the
+    prompt or the output: a positive logit is divided by r, any other multiplied. Then
+    OpenAI's two, on the output's counts c: l - frequency * c - presence * (c > 0)."""
+    factor = np.where(seen, repetition, 1.0).astype(logits.dtype)
+    penalized = np.where(logits > 0, logits / factor, logits * factor)
+    return penalized - frequency * output_counts - presence * (output_counts > 0)
+
+
+def min_p_filter(logits: np.ndarray, temperature: float, min_p: float) -> np.ndarray:
+    """One row with every token less probable than min_p times the most probable one (after
+    temperature) set to -inf, as vLLM's min-p processor; a greedy row (temperature 0) as it is."""
+    if temperature == 0 or min_p == 0:
+        return logits
+    scaled = np.asarray(logits, np.float64) / temperature
+    probs = np.exp(scaled - scaled.max())
+    return np.where(probs < min_p * probs.max(), -np.inf, logits).astype(logits.dtype)
+
+
 LOW32 = np.uint64(0xFFFFFFFF)
 SHIFT_32 = np.uint64(32)
 _SHIFT_15 = np.uint64(15)

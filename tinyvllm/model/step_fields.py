@@ -76,6 +76,12 @@ STEP_FIELDS = (
     StepField("top_p", Extent.SAMPLED_ROW, np.float32, 1.0),
     StepField("seeds", Extent.SAMPLED_ROW, np.uint64, 0),
     StepField("sample_positions", Extent.SAMPLED_ROW, np.int64, 0),
+    StepField("presence_penalty", Extent.SAMPLED_ROW, np.float32, 0.0),
+    StepField("frequency_penalty", Extent.SAMPLED_ROW, np.float32, 0.0),
+    StepField("repetition_penalty", Extent.SAMPLED_ROW, np.float32, 1.0),
+    StepField("min_p", Extent.SAMPLED_ROW, np.float32, 0.0),
+    StepField("penalty_slots", Extent.SAMPLED_ROW, np.int32, -1),  # row of the token state, or -1: none
+    StepField("mask_stop_tokens", Extent.SAMPLED_ROW, np.int32, 0),  # 1: fewer than min_tokens generated
     StepField("block_tables", Extent.BLOCK_TABLE, np.int32, 0),
 )
 # --8<-- [end:fields]

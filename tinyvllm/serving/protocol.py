@@ -6,12 +6,13 @@ streaming options. Every problem raises `OpenAIError`, which the server sends ba
 OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, the message naming the field.
 
 Supported: model, prompt / messages, max_tokens (and max_completion_tokens for chat),
-temperature, top_p, stop, seed, stream, stream_options.include_usage, n (1 only), and
-vLLM's extensions top_k, ignore_eos and stop_token_ids. Fields left out (or null) take the
+temperature, top_p, stop, seed, stream, stream_options.include_usage, n (1 only),
+presence_penalty, frequency_penalty, and vLLM's extensions top_k, ignore_eos,
+stop_token_ids, repetition_penalty, min_p and min_tokens. Fields left out (or null) take the
 model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
 max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit. One prompt per request: a list of prompts is
-refused (send one request each). Fields tinyvllm cannot honour (logprobs, penalties, tools,
+refused (send one request each). Fields tinyvllm cannot honour (logprobs, logit_bias, tools,
 ...) are refused unless they hold their default value; unknown fields are ignored.
 """
 
@@ -33,13 +34,14 @@ UNSUPPORTED = {  # field: the values that mean "not used"
     "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
     "tools": ([],),
     "response_format": ({"type": "text"},),
 }
+PENALTIES_AND_MIN = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens")
+"""SamplingParams fields a request passes through as they are (left out or null: SamplingParams' default)."""
 FIELDS = {
+    *PENALTIES_AND_MIN,
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", *UNSUPPORTED,
 }  # fmt: skip
@@ -129,6 +131,7 @@ def _generation(
             stop_token_ids=body.get("stop_token_ids"),
             ignore_eos=_given(body, "ignore_eos", False),
             seed=body.get("seed"),
+            **{name: body[name] for name in PENALTIES_AND_MIN if body.get(name) is not None},
         )
     except ValueError as error:
         raise bad_request(error) from None
