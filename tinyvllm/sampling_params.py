@@ -4,6 +4,8 @@ Everything is checked here, at construction, so a bad request fails when it is m
 ValueError naming the parameter, and never inside a kernel. The one check that needs the
 model, stop token ids beyond the vocabulary, is `validate_for_vocab`, which the engine calls.
 After construction `stop` is a list of strings and `stop_token_ids` a list of ints (as in vLLM).
+`n` completions of one request sample from seeds `seed`, `seed + 1`, ... (vLLM's derivation), or
+from n random seeds without one.
 """
 
 import math
@@ -19,6 +21,7 @@ SEED_LIMIT = 2**63
 # --8<-- [start:fields]
 @dataclass
 class SamplingParams:
+    n: int = 1  # completions per request, each sampled from its own seed stream
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -30,6 +33,9 @@ class SamplingParams:
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
+        self.n = _integer("n", self.n)
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         self.temperature = _real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
