@@ -18,7 +18,7 @@ from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.scheduler import Scheduler
-from tinyvllm.engine.sequence import Sequence, SequenceStatus
+from tinyvllm.engine.sequence import Sequence, SequenceStatus, new_sequences
 from tinyvllm.sampling_params import SamplingParams
 
 VOCAB = 7
@@ -136,3 +136,11 @@ def add(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int, **par
     seq = Sequence(name, prompt, SamplingParams(max_tokens=max_tokens, **params))
     scheduler.add(seq)
     return seq
+
+
+def add_group(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int, n: int, **params) -> list[Sequence]:
+    """A request of n sequences (SamplingParams.n), queued."""
+    prompt = [1 + i % (VOCAB - 2) for i in range(prompt_len)]
+    seqs = new_sequences(name, prompt, SamplingParams(n=n, max_tokens=max_tokens, **params))
+    scheduler.add(seqs)
+    return seqs

@@ -44,7 +44,7 @@ def test_outputs_match_the_offline_engine_and_blocks_come_back(engine, tiny_mode
         return await asyncio.gather(*(generate(str(i), sampling) for i, sampling in enumerate(wanted)))
 
     def summary(outputs):
-        return [(output.text, output.token_ids, output.finish_reason) for output in outputs]
+        return [(c.text, c.token_ids, c.finish_reason) for output in outputs for c in output.outputs]
 
     assert summary(run(both())) == summary(offline)
     stats = engine.stats()

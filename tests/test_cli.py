@@ -38,8 +38,8 @@ def test_generate_json_matches_the_library(tiny_model, capsys):
     expected = LLM(tiny_model, backend="numpy").generate(
         ["hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     )[0]
-    assert printed["token_ids"] == expected.token_ids
-    assert printed["text"] == expected.text
+    assert printed["token_ids"] == expected.outputs[0].token_ids
+    assert printed["text"] == expected.outputs[0].text
     assert printed["prompt_tokens"] == len(expected.prompt_token_ids)
 
 

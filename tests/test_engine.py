@@ -34,11 +34,11 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 
 def _tokens(llm: LLM, prompts, params) -> list[list[int]]:
-    return [output.token_ids for output in llm.generate(prompts, params)]
+    return [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
 
 
 def _one_at_a_time(llm: LLM, prompts, params) -> list[list[int]]:
-    return [llm.generate([prompt], param)[0].token_ids for prompt, param in zip(prompts, params)]
+    return [llm.generate([prompt], param)[0].outputs[0].token_ids for prompt, param in zip(prompts, params)]
 
 
 # --8<-- [start:policies]
@@ -194,7 +194,7 @@ def test_bad_request_is_rejected_alone(tiny_model, prompt, overrides, parameter)
     while engine.has_unfinished_requests():
         finished += [output for output in engine.step() if output.finished]
     assert [output.request_id for output in finished] == [good]
-    assert len(finished[0].token_ids) == 4
+    assert len(finished[0].outputs[0].token_ids) == 4
     assert_no_leak(llm)
 
 
@@ -217,12 +217,12 @@ def test_abort_frees_blocks_and_others_finish(tiny_model):
 
 def test_stop_string_truncates_text(tiny_model):
     llm = LLM(tiny_model, backend="numpy", block_size=4)
-    free_run = llm.generate([[72, 101, 108]], _greedy(24))[0]
+    free_run = llm.generate([[72, 101, 108]], _greedy(24))[0].outputs[0]
     stop = free_run.text[5:7]
     assert stop, "the tiny model produced too little text for this test"
     stopped = llm.generate(
         [[72, 101, 108]], SamplingParams(temperature=0.0, max_tokens=24, stop=stop, ignore_eos=True)
-    )[0]
-    assert stopped.finish_reason == "stop"
+    )[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
     assert stopped.text == free_run.text[: free_run.text.index(stop)]
     assert_no_leak(llm)

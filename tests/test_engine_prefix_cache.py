@@ -44,11 +44,11 @@ def test_greedy_tokens_are_those_without_the_cache(tiny_model, options):
     limits = dict(backend="numpy", block_size=4, max_num_seqs=8, **options)
     off = LLM(tiny_model, enable_prefix_caching=False, **limits)
     on = LLM(tiny_model, **limits)
-    expected = [output.token_ids for output in off.generate(prompts, params)]
+    expected = [output.outputs[0].token_ids for output in off.generate(prompts, params)]
     # Twice: the second round finds its prompts cached.
     for _ in range(2):
         outputs = on.generate(prompts, params)
-        assert [output.token_ids for output in outputs] == expected
+        assert [output.outputs[0].token_ids for output in outputs] == expected
         assert_no_leak(on)
     scheduler = on.engine.scheduler
     assert 0 < scheduler.prefix_cache_hits < scheduler.prefix_cache_queries
@@ -65,6 +65,6 @@ def test_num_cached_tokens_counts_the_reused_full_blocks(tiny_model):
     second = llm.generate([prompt], _greedy(4))[0]
     longer = llm.generate([prompt + [7, 8, 9]], _greedy(4))[0]
     assert (first.num_cached_tokens, second.num_cached_tokens, longer.num_cached_tokens) == (0, 12, 12)
-    assert first.token_ids == second.token_ids
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids
     stats = llm.engine.scheduler
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (13 + 13 + 16, 24)

@@ -47,11 +47,11 @@ def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     conversations = [[{"role": "user", "content": text}] for text in CHATS]
     reference = LLM(smollm2, backend="numpy", activation_dtype="bf16", max_model_len=2048)
-    expected = [output.token_ids for output in reference.chat(conversations, params)]
-    actual = [output.token_ids for output in gpu_llm.chat(conversations, params)]
+    expected = [output.outputs[0].token_ids for output in reference.chat(conversations, params)]
+    actual = [output.outputs[0].token_ids for output in gpu_llm.chat(conversations, params)]
     prompts = [reference.tokenizer.encode_chat(conversation) for conversation in conversations]
     assert_parts_only_at_near_ties(reference, gpu_llm, prompts, actual, expected, max_partings=1)
-    assert "Paris" in gpu_llm.chat(conversations[0], SamplingParams(temperature=0.0, max_tokens=16))[0].text
+    assert "Paris" in gpu_llm.chat(conversations[0], SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0].text
     assert_no_leak(gpu_llm)
 
 
@@ -158,8 +158,8 @@ def test_graph_replay_equals_eager_token_for_token(smollm2, gpu_llm):
         for i, t in enumerate(rng.choice([0.0, 0.8], size=37))
     ]
     for batch in (prompts[:1], prompts[:3], prompts):
-        expected = [output.token_ids for output in eager.generate(batch, params[: len(batch)])]
-        assert [output.token_ids for output in gpu_llm.generate(batch, params[: len(batch)])] == expected
+        expected = [output.outputs[0].token_ids for output in eager.generate(batch, params[: len(batch)])]
+        assert [output.outputs[0].token_ids for output in gpu_llm.generate(batch, params[: len(batch)])] == expected
 
 
 @pytest.mark.serial
@@ -173,4 +173,4 @@ def test_memory_sizing_survives_a_dropped_engine(smollm2):
     second = LLM(smollm2, backend="cuda", gpu_memory_utilization=0.5, max_model_len=2048)
     assert second.engine.runner.num_blocks >= 0.95 * blocks
     output = second.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
-    assert len(output.token_ids) == 4
+    assert len(output.outputs[0].token_ids) == 4

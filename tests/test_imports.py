@@ -29,7 +29,7 @@ GENERATE_ON_NUMPY = """
 from tinyvllm import LLM, SamplingParams
 llm = LLM(MODEL, backend="numpy")
 (output,) = llm.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.8, seed=1, ignore_eos=True))
-assert len(output.token_ids) == 3
+assert len(output.outputs[0].token_ids) == 3
 """
 CLI_HELP = """
 import contextlib, io

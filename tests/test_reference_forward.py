@@ -60,7 +60,7 @@ def test_smollm2_matches_transformers(smollm2_dir):  # noqa: F811
         rendered = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert prompt_ids == hf_tokenizer(rendered, add_special_tokens=False)["input_ids"]
         _assert_logits_close(next_token_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
-        ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=32))[0].token_ids
+        ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=32))[0].outputs[0].token_ids
         assert ours == _hf_greedy(model, prompt_ids, 32)
 
 
@@ -74,5 +74,5 @@ def test_llama3_rope_scaling_beyond_original_context_matches_transformers(tmp_pa
     for length in (70, 100, 130):
         prompt_ids = rng.integers(0, 256, length).tolist()
         _assert_logits_close(next_token_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
-        ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
+        ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].outputs[0]
         assert ours.token_ids == _hf_greedy(model, prompt_ids, 24)[: len(ours.token_ids)]

@@ -10,6 +10,11 @@ from hypothesis import strategies as st
 from tinyvllm.sampling_params import SamplingParams
 
 INVALID = [
+    ("n", 0),
+    ("n", -1),
+    ("n", 2.0),
+    ("n", True),
+    ("n", None),
     ("temperature", -0.1),
     ("temperature", math.nan),
     ("temperature", math.inf),

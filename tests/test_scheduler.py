@@ -8,6 +8,7 @@ from tests.scheduler_harness import (
     EOS,
     VOCAB,
     add,
+    add_group,
     assert_matches_reference,
     drain,
     make_config,
@@ -18,7 +19,7 @@ from tests.scheduler_harness import (
 from tinyvllm.config import MODES
 from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.scheduler import Scheduler
-from tinyvllm.engine.sequence import Sequence, SequenceStatus
+from tinyvllm.engine.sequence import Sequence, SequenceStatus, new_sequences
 from tinyvllm.sampling_params import SamplingParams
 
 
@@ -121,7 +122,8 @@ def test_finishing_reasons():
         scheduler.add(seq)
     drain(scheduler, model)
     assert (stopped.finish_reason, stopped.num_completion_tokens) == ("stop", 1)
-    assert stopped.status is SequenceStatus.FINISHED_STOPPED
+    assert stopped.status is SequenceStatus.FINISHED_STOPPED and stopped.stop_reason == stop_token
+    assert capped_by_model.stop_reason is None and at_model_len.stop_reason is None
     assert (capped_by_model.finish_reason, capped_by_model.num_tokens) == ("length", 6)
     assert capped_by_model.status is SequenceStatus.FINISHED_LENGTH_CAPPED
     assert (at_model_len.finish_reason, at_model_len.num_tokens) == ("length", 7)
@@ -137,6 +139,7 @@ def test_eos_stops_unless_ignored():
     scheduler.add(ignores)
     drain(scheduler, model)
     assert stops.completion_token_ids == [EOS] and stops.finish_reason == "stop"
+    assert stops.stop_reason is None, "vLLM's stop_reason: None for EOS"
     assert ignores.completion_token_ids[0] == EOS and ignores.num_completion_tokens == 3
 
 
@@ -198,6 +201,79 @@ def test_finish_refuses_a_bad_reason_and_a_stranger():
     stranger = Sequence("b", [1], SamplingParams())
     with pytest.raises(ValueError, match="does not belong"):
         scheduler.finish(stranger, "stop")
+
+
+# -- n > 1: one request, several sequences ---------------------------------------------------
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_group_computes_its_prompt_once(prefix_caching, mode):
+    scheduler, model = make_scheduler(prefix_caching=prefix_caching, mode=mode, block_size=4, num_blocks=32)
+    group = add_group(scheduler, "r", 10, 5, n=3, ignore_eos=True)
+    other = add(scheduler, "other", 3, 5, ignore_eos=True)
+    first = step(scheduler, model)
+    assert first.seqs == [group[0]] and first.num_scheduled_tokens.tolist() == [10], "the others wait, in order"
+    second = step(scheduler, model)
+    assert second.seqs == [group[0], group[1], group[2], other]
+    # Each computes only the prompt's last partial block (tokens 8 and 9) on the shared full blocks.
+    assert second.num_scheduled_tokens.tolist() == [1, 2, 2, 3]
+    assert group[1].block_table[:2] == group[2].block_table[:2] == group[0].block_table[:2]
+    assert len({group[0].block_table[2], group[1].block_table[2], group[2].block_table[2]}) == 3
+    assert [seq.num_cached_tokens for seq in group] == [0, 8, 8]
+    drain(scheduler, model)
+    for seq in [*group, other]:
+        assert_matches_reference(seq)
+    assert scheduler.allocator.num_free == 32
+    assert scheduler.prefix_cache_hits == (16 if prefix_caching else 0)
+
+
+def test_a_group_whose_prompt_is_one_partial_block_shares_nothing_and_never_waits():
+    scheduler, model = make_scheduler(block_size=4, num_blocks=8)
+    group = add_group(scheduler, "r", 4, 3, n=2, ignore_eos=True)  # the last token is always computed
+    assert step(scheduler, model).seqs == group
+    drain(scheduler, model)
+    for seq in group:
+        assert_matches_reference(seq)
+
+
+def test_aborting_a_group_aborts_every_sequence_and_frees_its_blocks():
+    scheduler, model = make_scheduler(block_size=2, num_blocks=16)
+    group = add_group(scheduler, "r", 7, 20, n=3, ignore_eos=True)
+    step(scheduler, model)  # the first computes the prompt, the others wait
+    assert scheduler.num_running == 1 and scheduler.num_waiting == 2
+    step(scheduler, model)
+    assert scheduler.abort("r")
+    assert all(seq.status is SequenceStatus.FINISHED_ABORTED and not seq.block_table for seq in group)
+    assert scheduler.num_free_blocks == 16 and not scheduler.has_unfinished()
+    assert not scheduler.abort("r")
+
+
+def test_a_group_is_added_whole_and_keeps_its_id_until_every_sequence_ends():
+    scheduler, model = make_scheduler(block_size=2, num_blocks=16)
+    prompt = [1, 2, 3]
+    seqs = new_sequences("r", prompt, SamplingParams(n=2, max_tokens=4, ignore_eos=True))
+    with pytest.raises(ValueError, match="whole group"):
+        scheduler.add(seqs[1])
+    scheduler.add(seqs)
+    step(scheduler, model)
+    scheduler.finish(seqs[0], "stop", "a stop string")
+    assert seqs[0].stop_reason == "a stop string"
+    with pytest.raises(ValueError, match="already in use"):
+        add(scheduler, "r", 1, 1)
+    drain(scheduler, model)
+    add(scheduler, "r", 1, 1)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_preempted_groups_still_get_the_plain_loops_tokens(prefix_caching, mode):
+    scheduler, model = make_scheduler(prefix_caching=prefix_caching, mode=mode, block_size=2, num_blocks=12,
+                                      max_num_seqs=6, max_num_batched_tokens=8)  # fmt: skip
+    groups = [add_group(scheduler, f"r{i}", 5 + i, 10, n=3, ignore_eos=True) for i in range(3)]
+    drain(scheduler, model)
+    assert scheduler.num_preemptions > 0
+    for seq in (seq for group in groups for seq in group):
+        assert_matches_reference(seq)
+    assert scheduler.allocator.num_free == 12
 
 
 def test_config_is_validated():

@@ -1,5 +1,7 @@
 """The scheduler under random workloads: a hypothesis state machine keeps the blocks balanced,
-and every request gets the tokens of a plain generation loop (`scheduler_harness.py`)."""
+and every request gets the tokens of a plain generation loop (`scheduler_harness.py`). Requests
+ask for n = 1 to 3 sequences, which share their prompt's blocks: the fake model reads every
+context back through the block tables, so a shared block that someone wrote shows."""
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from tests.scheduler_harness import (
 )
 from tinyvllm.config import MODES
 from tinyvllm.engine.block_manager import blocks_needed
-from tinyvllm.engine.sequence import Sequence, SequenceStatus
+from tinyvllm.engine.sequence import Sequence, SequenceStatus, new_sequences
 from tinyvllm.sampling_params import SamplingParams
 
 BLOCK_SIZES = st.sampled_from((1, 2, 4))  # EngineConfig takes powers of two only
@@ -65,17 +67,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_size = self.config.max_model_len + 1
             prompt = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_size))
             params = SamplingParams(
+                n=data.draw(st.integers(1, 3)),
                 max_tokens=data.draw(st.integers(1, 2 * self.config.max_model_len)),
                 ignore_eos=data.draw(st.booleans()),
                 stop_token_ids=data.draw(st.lists(st.integers(1, VOCAB - 2), max_size=1)),
             )
-            seq = Sequence(f"request-{len(self.seqs)}", prompt, params)
+            seqs = new_sequences(f"request-{len(self.seqs)}", prompt, params)
             if fits(self.config, len(prompt), params.max_tokens):
-                self.scheduler.add(seq)
-                self.seqs.append(seq)
+                self.scheduler.add(seqs)
+                self.seqs.extend(seqs)
             else:
                 with pytest.raises(ValueError):
-                    self.scheduler.add(seq)
+                    self.scheduler.add(seqs)
 
     @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=4, max_size=4))
     def step(self, tokens):
@@ -102,11 +105,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def abort(self, data):
         seq = data.draw(st.sampled_from(self.seqs))
-        was_unfinished = not seq.is_finished
-        assert self.scheduler.abort(seq.request_id) == was_unfinished
-        assert seq.is_finished and seq.block_table == []
-        if was_unfinished:
-            assert seq.status is SequenceStatus.FINISHED_ABORTED and seq.finish_reason == "abort"
+        unfinished = [sibling for sibling in seq.group if not sibling.is_finished]
+        assert self.scheduler.abort(seq.request_id) == bool(unfinished)
+        assert all(sibling.is_finished and sibling.block_table == [] for sibling in seq.group)
+        for sibling in unfinished:
+            assert sibling.status is SequenceStatus.FINISHED_ABORTED and sibling.finish_reason == "abort"
         assert not self.scheduler.abort("no-such-request")
 
     @precondition(lambda self: self.scheduler.running)
@@ -122,8 +125,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def blocks_balance(self):
         allocator, scheduler = self.scheduler.allocator, self.scheduler
         tables = [b for seq in scheduler.running for b in seq.block_table]
-        if not self.prefix_caching:
-            assert len(tables) == len(set(tables)), "a block is owned twice"
+        owner: dict[int, str] = {}
+        for seq in scheduler.running:
+            assert len(seq.block_table) == len(set(seq.block_table)), "a block is twice in one table"
+            for block in seq.block_table:  # without the cache only a request's own sequences share
+                request = owner.setdefault(block, seq.request_id)
+                assert self.prefix_caching or request == seq.request_id, "two requests own a block"
         owners = np.bincount(np.asarray(tables, dtype=np.int64), minlength=allocator.num_blocks)
         assert owners.tolist() == allocator.ref_counts.tolist(), "a block leaked"
         assert allocator.num_free + allocator.num_used == allocator.num_blocks
@@ -189,6 +196,7 @@ TestPrefixCachingSchedulerMachine.settings = settings(max_examples=200, stateful
             st.integers(1, 16),  # max_tokens
             st.booleans(),  # ignore_eos
             st.integers(0, 6),  # step at which it arrives
+            st.integers(1, 3),  # n
         ),
         min_size=1,
         max_size=10,
@@ -210,11 +218,12 @@ def test_every_request_gets_the_tokens_of_a_plain_generation_loop(
     )
     seqs = []
     for step_index in range(7):
-        for prompt, max_tokens, ignore_eos, arrival in requests:
+        for prompt, max_tokens, ignore_eos, arrival, n in requests:
             if arrival == step_index:
-                params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-                seqs.append(Sequence(f"request-{len(seqs)}", prompt[:max_model_len], params))
-                scheduler.add(seqs[-1])
+                params = SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=ignore_eos)
+                group = new_sequences(f"request-{len(seqs)}", prompt[:max_model_len], params)
+                scheduler.add(group)
+                seqs.extend(group)
         step(scheduler, model)
     drain(scheduler, model)
     event(f"preempted: {scheduler.num_preemptions > 0}")

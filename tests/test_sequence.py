@@ -1,8 +1,8 @@
-"""Sequence bookkeeping and RequestOutput."""
+"""Sequence bookkeeping, a request's n sequences, and RequestOutput / CompletionOutput."""
 
 import pytest
 
-from tinyvllm.engine.sequence import RequestOutput, Sequence, SequenceStatus
+from tinyvllm.engine.sequence import CompletionOutput, RequestOutput, Sequence, SequenceStatus, new_sequences
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 
 
@@ -64,10 +64,38 @@ def test_finish_reasons_map_to_statuses(reason, status):
     assert seq.status is status and seq.finish_reason == reason and seq.is_finished
 
 
-def test_request_output_from_sequence():
-    seq = Sequence("r", [1, 2], SamplingParams(), prompt="ab")
+def test_request_output_from_sequences():
+    (seq,) = new_sequences("r", [1, 2], SamplingParams(), prompt="ab")
     seq.append_token(7)
-    output = RequestOutput.from_sequence(seq, "x")
-    assert output == RequestOutput("r", "ab", [1, 2], "x", [7], None, False)
-    seq.set_finished("length")
-    assert RequestOutput.from_sequence(seq, "x").finished
+    output = RequestOutput.from_sequences([seq], ["x"])
+    completion = CompletionOutput(0, "x", [7], None, None, None, None)
+    assert output == RequestOutput("r", "ab", [1, 2], None, [completion], False, 0)
+    assert not completion.finished()
+    seq.set_finished("stop", stop_reason="x!")
+    output = RequestOutput.from_sequences([seq], ["x"])
+    assert output.finished and output.outputs[0].finished()
+    assert (output.outputs[0].finish_reason, output.outputs[0].stop_reason) == ("stop", "x!")
+
+
+def test_a_request_of_n_completions_is_n_sequences_of_one_group():
+    seqs = new_sequences("r", [1, 2, 3], SamplingParams(n=3, seed=40), prompt="abc")
+    assert [seq.index for seq in seqs] == [0, 1, 2]
+    assert all(seq.group is seqs and seq.request_id == "r" and seq.prompt == "abc" for seq in seqs)
+    assert [seq.seed for seq in seqs] == [40, 41, 42], "vLLM's child seeds: the request's seed + index"
+    assert new_sequences("r", [1], SamplingParams(n=2, seed=SEED_LIMIT - 1))[1].seed == 0
+    unseeded = new_sequences("r", [1], SamplingParams(n=4))
+    assert len({seq.seed for seq in unseeded}) == 4
+
+
+def test_a_request_finishes_when_all_its_completions_have():
+    seqs = new_sequences("r", [1, 2], SamplingParams(n=2), prompt="ab")
+    seqs[1].append_token(5)
+    seqs[1].set_finished("stop", stop_reason=5)
+    output = RequestOutput.from_sequences(seqs, ["", "y"])
+    assert not output.finished
+    assert [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in output.outputs] == [
+        (0, "", [], None, None),
+        (1, "y", [5], "stop", 5),
+    ]
+    seqs[0].set_finished("length")
+    assert RequestOutput.from_sequences(seqs, ["", "y"]).finished

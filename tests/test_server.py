@@ -50,7 +50,7 @@ def expected(oracle, prompt, **params):
     params = dataclasses.replace(oracle.engine.default_sampling_params(), **params)
     is_chat = isinstance(prompt, list) and isinstance(prompt[0], dict)
     [output] = oracle.chat(prompt, params) if is_chat else oracle.generate(prompt, params)
-    return output.text, output.finish_reason, len(output.prompt_token_ids)
+    return output.outputs[0].text, output.outputs[0].finish_reason, len(output.prompt_token_ids)
 
 
 def test_models_and_health(client, server_url):
@@ -148,6 +148,42 @@ def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_n_gives_n_choices_of_the_offline_engine_streamed_or_not(client, oracle):
+    params = dict(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    for prompt in (PROMPTS[1], CHAT):
+        sampling = dataclasses.replace(oracle.engine.default_sampling_params(), n=2, **params)
+        [output] = oracle.chat(prompt, sampling) if prompt is CHAT else oracle.generate(prompt, sampling)
+        texts = [completion.text for completion in output.outputs]
+        assert texts[0] != texts[1], "two seeded samples at temperature 1 differ"
+        request = dict(model=MODEL_NAME, n=2, max_tokens=12, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+        if prompt is CHAT:
+            response = client.chat.completions.create(messages=CHAT, **request)
+            assert [choice.message.content for choice in response.choices] == texts
+        else:
+            response = client.completions.create(prompt=prompt, **request)
+            assert [choice.text for choice in response.choices] == texts
+        assert [choice.index for choice in response.choices] == [0, 1]
+        assert [choice.finish_reason for choice in response.choices] == ["length", "length"]
+        assert response.usage.completion_tokens == 24
+        assert response.usage.prompt_tokens == len(output.prompt_token_ids)
+        if prompt is CHAT:
+            chunks = list(client.chat.completions.create(messages=CHAT, stream=True, **request))
+        else:
+            chunks = list(client.completions.create(prompt=prompt, stream=True, **request))
+        streamed, finish_reasons, roles = ["", ""], [None, None], set()
+        for chunk in chunks:
+            for choice in chunk.choices:
+                if prompt is CHAT:
+                    streamed[choice.index] += choice.delta.content or ""
+                    roles |= {choice.index} if choice.delta.role == "assistant" else set()
+                else:
+                    streamed[choice.index] += choice.text
+                assert finish_reasons[choice.index] is None, "nothing after a choice's finish reason"
+                finish_reasons[choice.index] = choice.finish_reason
+        assert streamed == texts and finish_reasons == ["length", "length"]
+        assert roles == ({0, 1} if prompt is CHAT else set())
+
+
 def test_twenty_concurrent_requests_match_the_offline_engine(server_url, oracle):
     cases = [(PROMPTS[i % len(PROMPTS)] if i % 3 else [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
               i % 2 == 0, None if i % 4 < 2 else i) for i in range(20)]  # fmt: skip
@@ -203,7 +239,8 @@ COMPLETION_ERRORS = [
     ({"stop": [1]}, "stop"),
     ({"stop_token_ids": [10**6]}, "stop_token_ids"),
     ({"seed": -1}, "seed"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 1.5}, "n"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),

@@ -67,12 +67,12 @@ def streamed(api, outputs, generation) -> tuple[str, list[dict]]:
        chat=st.booleans(), include_usage=st.booleans())  # fmt: skip
 def test_streamed_deltas_add_up_to_the_stopped_text(engine, seed, position, length, chat, include_usage):
     base = dataclasses.replace(engine.default_sampling_params(), seed=seed, max_tokens=MAX_TOKENS, ignore_eos=True)
-    full = every_output(engine, base)[-1].text
+    full = every_output(engine, base)[-1].outputs[0].text
     start = position % max(len(full) - 1, 1)
     stop = full[start : start + length] or "never generated \u2603"
     params = dataclasses.replace(base, stop=[stop])
     outputs = every_output(engine, params)
-    final = outputs[-1]
+    final = outputs[-1].outputs[0]
     assert final.text == (full[: full.index(stop)] if stop in full else full)
     api = ChatAPI if chat else CompletionsAPI
     generation = GenerationRequest(PROMPT, params, stream=True, include_usage=include_usage, prompt_field="prompt")
@@ -82,6 +82,27 @@ def test_streamed_deltas_add_up_to_the_stopped_text(engine, seed, position, leng
     assert finish_reasons[-1] == final.finish_reason and not any(finish_reasons[:-1])
     if include_usage:
         assert chunks[-1]["usage"]["completion_tokens"] == len(final.token_ids)
+
+
+@given(seed=st.integers(0, 2**31), position=st.integers(0, 2**31), chat=st.booleans())
+def test_each_of_n_choices_streams_its_own_text_and_one_finish_reason(engine, seed, position, chat):
+    base = dataclasses.replace(engine.default_sampling_params(), n=3, seed=seed, max_tokens=MAX_TOKENS, ignore_eos=True)
+    full = every_output(engine, base)[-1].outputs[1].text
+    start = position % max(len(full) - 1, 1)
+    params = dataclasses.replace(base, stop=[full[start : start + 2] or "never generated \u2603"])
+    outputs = every_output(engine, params)
+    api = ChatAPI if chat else CompletionsAPI
+    generation = GenerationRequest(PROMPT, params, stream=True, include_usage=True, prompt_field="prompt")
+    _, chunks = streamed(api, outputs, generation)
+    texts, finish_reasons = ["", "", ""], [[], [], []]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["delta"].get("content", "") if chat else choice["text"]
+        finish_reasons[choice["index"]].append(choice["finish_reason"])
+    assert texts == [completion.text for completion in outputs[-1].outputs]
+    for reasons, completion in zip(finish_reasons, outputs[-1].outputs):
+        assert reasons[-1] == completion.finish_reason and not any(reasons[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] == sum(len(c.token_ids) for c in outputs[-1].outputs)
 
 
 def test_each_event_is_one_line_whatever_the_text_holds(engine):
@@ -94,7 +115,8 @@ def test_each_event_is_one_line_whatever_the_text_holds(engine):
 
     async def collect():
         head = response_head(CompletionsAPI, "id", "model", chunk=True)
-        outputs = replay([dataclasses.replace(final, text=text)])
+        completion = dataclasses.replace(final.outputs[0], text=text)
+        outputs = replay([dataclasses.replace(final, outputs=[completion])])
         return [event async for event in stream_events(CompletionsAPI, head, outputs, generation)]
 
     events = asyncio.run(collect())

@@ -2,7 +2,7 @@
 
     from tinyvllm import LLM, SamplingParams
     llm = LLM()                                   # the embedded SmolLM2-135M-Instruct
-    print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))[0].text)
+    print(llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))[0].outputs[0].text)
 
 The names are imported on first use, so `import tinyvllm` stays cheap and decides
 nothing about the GPU (the test run and the CLI decide that first).
@@ -17,6 +17,7 @@ _EXPORTS = {
     "LLMEngine": "tinyvllm.engine.llm_engine",
     "SamplingParams": "tinyvllm.sampling_params",
     "RequestOutput": "tinyvllm.engine.sequence",
+    "CompletionOutput": "tinyvllm.engine.sequence",
 }
 
 __all__ = sorted(_EXPORTS)

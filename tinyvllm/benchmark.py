@@ -62,9 +62,9 @@ def nano_vllm_workload(vocab_size: int, num_requests: int = 256, seed: int = 0) 
 def timed_generate(llm: LLM, workload: Workload) -> float:
     """Seconds to run the whole workload."""
     start = time.perf_counter()
-    outputs = llm.generate(workload.prompts, workload.params())
+    outputs = llm.generate(workload.prompts, workload.params(), use_tqdm=False)
     elapsed = time.perf_counter() - start
-    produced = sum(len(output.token_ids) for output in outputs)
+    produced = sum(len(completion.token_ids) for output in outputs for completion in output.outputs)
     if produced != workload.output_tokens:
         raise RuntimeError(f"produced {produced} tokens, expected {workload.output_tokens}")
     return elapsed

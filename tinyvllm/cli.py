@@ -89,20 +89,21 @@ def cmd_generate(args: argparse.Namespace) -> None:
     else:
         outputs = llm.chat([[{"role": "user", "content": prompt}] for prompt in prompts], params)
     for prompt, output in zip(prompts, outputs):
+        (completion,) = output.outputs
         if args.json:
             print(
                 json.dumps(
                     {
                         "prompt": prompt,
-                        "text": output.text,
-                        "token_ids": output.token_ids,
-                        "finish_reason": output.finish_reason,
+                        "text": completion.text,
+                        "token_ids": completion.token_ids,
+                        "finish_reason": completion.finish_reason,
                         "prompt_tokens": len(output.prompt_token_ids),
                     }
                 )
             )
         else:
-            print(output.text)
+            print(completion.text)
 
 
 def cmd_chat(args: argparse.Namespace) -> None:

@@ -1,9 +1,12 @@
 """LLM: offline generation over an `LLMEngine`, vLLM's entry point for batches of prompts."""
 
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tinyvllm.engine.llm_engine import LLMEngine, Prompt
 from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.sampling_params import SamplingParams
 
 
@@ -26,22 +29,30 @@ class LLM:
         self.engine = LLMEngine(model, **kwargs)
         self.tokenizer = self.engine.tokenizer
 
+    def get_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (vLLM's name)."""
+        return self.tokenizer
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in prompt order.
+        """Generate for every prompt (text, token ids, or a dict prompt: {"prompt": text} or
+        {"prompt_token_ids": ids}); outputs in prompt order, each finished.
 
         All prompts are validated before any runs: a bad one raises ValueError and none is queued.
 
         Args:
             prompts: one prompt or a list; a prompt is a string (sent as it is, no chat template)
-                or a list of token ids.
+                a list of token ids, or a dict prompt.
             sampling_params: one `SamplingParams` for every prompt, or one per prompt; None takes
                 the model's `generation_config.json` defaults and `max_tokens=16`, as in vLLM.
+            use_tqdm: show a tqdm progress bar on stderr, as vLLM does (a callable: a tqdm-like
+                class to use instead); False shows none.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, Mapping)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
@@ -55,17 +66,27 @@ class LLM:
             for request_id in request_ids:
                 self.engine.abort(request_id)
             raise
+        progress = _Progress(len(request_ids), use_tqdm)
         finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        progress.update(output)
+        except BaseException:  # KeyboardInterrupt included: what has not finished frees its blocks
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise
+        finally:
+            progress.close()
         return [finished[request_id] for request_id in request_ids]
 
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable = True,
     ) -> list[RequestOutput]:
         """Apply the chat template (with the generation prompt) and generate.
 
@@ -75,4 +96,37 @@ class LLM:
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.encode_chat(conversation) for conversation in conversations]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+class _Progress:
+    """vLLM's bar: prompts processed, and the input and output speed so far."""
+
+    def __init__(self, total: int, use_tqdm: bool | Callable) -> None:
+        self.bar = None
+        if not use_tqdm:
+            return
+        if callable(use_tqdm):
+            bar_class = use_tqdm
+        else:
+            from tqdm import tqdm as bar_class
+        self.start = time.perf_counter()
+        self.input_tokens = self.output_tokens = 0
+        self.bar = bar_class(total=total, desc="Processed prompts", dynamic_ncols=True, postfix=_speeds(0.0, 0.0))
+
+    def update(self, output: RequestOutput) -> None:
+        if self.bar is None:
+            return
+        self.input_tokens += len(output.prompt_token_ids)
+        self.output_tokens += sum(len(completion.token_ids) for completion in output.outputs)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.postfix = _speeds(self.input_tokens / elapsed, self.output_tokens / elapsed)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _speeds(input_per_s: float, output_per_s: float) -> str:
+    return f"est. speed input: {input_per_s:.2f} toks/s, output: {output_per_s:.2f} toks/s"

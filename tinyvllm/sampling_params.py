@@ -4,6 +4,8 @@ Everything is checked here, at construction, so a bad request fails when it is m
 ValueError naming the parameter, and never inside a kernel. The one check that needs the
 model, stop token ids beyond the vocabulary, is `validate_for_vocab`, which the engine calls.
 After construction `stop` is a list of strings and `stop_token_ids` a list of ints (as in vLLM).
+`n` completions of one request sample from seeds `seed`, `seed + 1`, ... (vLLM's derivation), or
+from n random seeds without one.
 """
 
 import math
@@ -23,6 +25,8 @@ class SamplingParams:
     """How one request's tokens are sampled and when it stops; every field is checked when built.
 
     Attributes:
+        n: completions of the request, each sampled from its own seed stream (child i from the
+            request's seed + i); the prompt is computed once.
         temperature: divides the logits before sampling; below 1e-5 (0 included) is greedy, the
             argmax, and top_k and top_p are then ignored.
         top_k: keep only the k most likely tokens (ties at the edge kept); -1 keeps all.
@@ -36,8 +40,18 @@ class SamplingParams:
         ignore_eos: keep generating past the model's end-of-sequence tokens (for benchmarks).
         seed: makes the request's sampling reproducible, in any batch and after preemption;
             None draws one at random when the request is added. In [0, 2**63).
+        presence_penalty: subtracted from the logit of every token the output holds, in [-2, 2]
+            (OpenAI's definition).
+        frequency_penalty: subtracted once for each time a token occurs in the output, in [-2, 2].
+        repetition_penalty: over prompt and output tokens, a positive logit is divided by it and
+            a negative one multiplied (vLLM's and transformers'); 1 is none, > 0.
+        min_p: drop tokens whose probability, after temperature, is below min_p times the most
+            likely token's; in [0, 1], 0 is none.
+        min_tokens: the end-of-sequence tokens, stop_token_ids and stop strings stop nothing until
+            this many tokens are generated; in [0, max_tokens].
     """
 
+    n: int = 1  # completions per request, each sampled from its own seed stream
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -54,6 +68,9 @@ class SamplingParams:
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
+        self.n = _integer("n", self.n)
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         self.temperature = _real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")

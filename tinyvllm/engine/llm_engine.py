@@ -8,13 +8,21 @@ One step is: the scheduler picks tokens to compute, the runner queues one forwar
 sampling on the device, and then, for the step queued by the call before, the scheduler
 records the sampled tokens (finishing on EOS, stop ids, length) and the engine
 detokenizes incrementally and checks stop strings: the engine runs a step ahead.
+
+A request with `SamplingParams.n > 1` runs as n sequences (their prompt computed once, see
+`scheduler.py`); its RequestOutput holds one CompletionOutput per sequence and is finished
+when all are. Outputs are cumulative, as vLLM's CUMULATIVE kind: each holds every
+completion's text and token ids so far (vLLM lists only the completions that progressed in
+that step; here each output is the whole state, so a reader that skips one loses nothing).
 """
 
 import dataclasses
 import itertools
 import random
 import sys
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
 from pathlib import Path
 
 from tinyvllm.config import EngineConfig
@@ -24,14 +32,28 @@ from tinyvllm.engine.model_runner import LaunchedStep
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.scheduler import Scheduler
-from tinyvllm.engine.sequence import RequestOutput, Sequence
+from tinyvllm.engine.sequence import RequestOutput, Sequence, new_sequences
 from tinyvllm.engine.setup import build_runner
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | Mapping
+"""Text, token ids, or vLLM's dict prompts: {"prompt": text} or {"prompt_token_ids": ids}."""
+
+
+@dataclass
+class _Request:
+    """One request's engine-side state: its sequences (by index) and their detokenizers."""
+
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer]
+    final_only: bool
+    done: list[bool]  # the sequence has finished and its text is complete
+
+    def output(self) -> RequestOutput:
+        return RequestOutput.from_sequences(self.seqs, [detokenizer.text for detokenizer in self.detokenizers])
 
 
 class LLMEngine:
@@ -68,9 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.engine_config, allocator_class(self.runner.num_blocks), eos_token_ids=self.config.stop_token_ids
         )
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._sequences: dict[str, Sequence] = {}
-        self._final_only: set[str] = set()
+        self._requests: dict[str, _Request] = {}
         self._request_ids = itertools.count()
         # With an engine seed, a request without one gets the next seed of this stream (vLLM's `seed`).
         self._seeds = random.Random(options.seed) if options.seed is not None else None
@@ -89,8 +109,8 @@ class LLMEngine:
         *,
         final_only: bool = False,
     ) -> str:
-        """Queue a prompt (text or token ids); returns its request id. A bad request raises
-        ValueError naming the problem and leaves the engine as it was.
+        """Queue a prompt (text, token ids or a dict prompt); returns its request id. A bad
+        request raises ValueError naming the problem and leaves the engine as it was.
 
         `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): `step()` reports the request
         only when it finishes, and its text is decoded once, at the end, instead of token
@@ -102,16 +122,15 @@ class LLMEngine:
             params = dataclasses.replace(params, seed=self._seeds.randrange(SEED_LIMIT))
         text, token_ids = self._tokenize(prompt)
         request_id = request_id if request_id is not None else str(next(self._request_ids))
-        seq = Sequence(request_id, token_ids, params, prompt=text)
-        self.scheduler.add(seq)
-        self._sequences[request_id] = seq
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids)
-        if final_only:
-            self._final_only.add(request_id)
+        seqs = new_sequences(request_id, token_ids, params, prompt=text)
+        self.scheduler.add(seqs)
+        detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in seqs]
+        self._requests[request_id] = _Request(seqs, detokenizers, final_only, [False] * len(seqs))
         return request_id
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its KV blocks; False if it was not running or waiting."""
+        """Stop a request (all its completions) now and free its KV blocks; False if it was
+        not running or waiting."""
         aborted = self.scheduler.abort(request_id)
         self._forget(request_id)
         return aborted
@@ -150,21 +169,27 @@ class LLMEngine:
             return []
         batch, step = previous
         self.scheduler.postprocess(batch, self.runner.collect(step))
+        progressed: dict[str, _Request] = {}
+        for seq, samples in zip(batch.seqs, batch.samples.tolist()):
+            request = self._requests.get(seq.request_id)
+            if not samples or request is None or request.seqs[seq.index] is not seq or request.done[seq.index]:
+                continue  # no token, or of a request aborted (its id maybe reused) or finished
+            if request.final_only and not seq.is_finished and not seq.sampling_params.stop:
+                continue  # its text waits for the end
+            self._progress(request, seq)
+            progressed[seq.request_id] = request
         outputs = []
-        for seq, samples in zip(batch.seqs, batch.samples):
-            if samples and seq.request_id in self._sequences:
-                output = self._progress(seq)
-                if output is not None:
-                    outputs.append(output)
+        for request_id, request in progressed.items():
+            if all(request.done):
+                self._forget(request_id)
+            elif request.final_only:
+                continue
+            outputs.append(request.output())
         return outputs
 
-    def _progress(self, seq: Sequence) -> RequestOutput | None:
-        """Detokenize the new tokens, apply stop strings, and make the request's output
-        (None for a final_only request still running)."""
-        final_only = seq.request_id in self._final_only
-        if final_only and not seq.is_finished and not seq.sampling_params.stop:
-            return None
-        detokenizer = self._detokenizers[seq.request_id]
+    def _progress(self, request: _Request, seq: Sequence) -> None:
+        """Detokenize seq's new tokens and apply its stop strings."""
+        detokenizer = request.detokenizers[seq.index]
         before = len(detokenizer.text)
         detokenizer.step(seq.known_token_ids[len(detokenizer.token_ids) :])
         if seq.is_finished:
@@ -173,31 +198,47 @@ class LLMEngine:
         stop = find_stop_string(detokenizer.text, seq.sampling_params.stop, new_chars)
         if stop is not None and len(seq.completion_token_ids) >= seq.sampling_params.min_tokens:
             detokenizer.text = detokenizer.text[: stop[0]]
-            self.scheduler.finish(seq, "stop")
-        if seq.is_finished:
-            self._forget(seq.request_id)
-        elif final_only:
-            return None
-        return RequestOutput.from_sequence(seq, detokenizer.text)
+            self.scheduler.finish(seq, "stop", stop[1])
+        request.done[seq.index] = seq.is_finished
 
     def _forget(self, request_id: str) -> None:
-        self._sequences.pop(request_id, None)
-        self._detokenizers.pop(request_id, None)
-        self._final_only.discard(request_id)
+        self._requests.pop(request_id, None)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, Mapping):
+            return self._tokenize(_dict_prompt(prompt))
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: must not be empty")
             return prompt, self.tokenizer.encode(prompt)
         if not isinstance(prompt, SequenceABC) or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}")
+            raise ValueError(
+                f"prompt: expected a string, a list of token ids or a dict prompt, got {type(prompt).__name__}"
+            )
         if not prompt:
             raise ValueError("prompt: must not be empty")
         bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
         if bad:
             raise ValueError(f"prompt: token ids {bad[:5]} are outside the vocabulary of {self.config.vocab_size}")
         return None, list(prompt)
+
+
+def _dict_prompt(prompt: Mapping) -> str | list[int]:
+    """vLLM's TextPrompt {"prompt": text} or TokensPrompt {"prompt_token_ids": ids}, unwrapped."""
+    keys = set(prompt)
+    if keys == {"prompt"}:
+        if not isinstance(prompt["prompt"], str):
+            raise ValueError(f'prompt: "prompt" must be a string, got {type(prompt["prompt"]).__name__}')
+        return prompt["prompt"]
+    if keys == {"prompt_token_ids"}:
+        ids = prompt["prompt_token_ids"]
+        if isinstance(ids, str) or not isinstance(ids, SequenceABC):
+            raise ValueError(f'prompt: "prompt_token_ids" must be a list of token ids, got {type(ids).__name__}')
+        return list(ids)
+    raise ValueError(
+        f'prompt: a dict prompt holds "prompt" (text) or "prompt_token_ids" (a list of ids), one of them, '
+        f"got the keys {sorted(map(str, keys))}"
+    )
 
 
 def _default_model_dir() -> Path:

@@ -17,6 +17,17 @@ set first attaches the longest cached prefix of its tokens but the last (owners 
 computed), so its prefill computes only the rest, the way a chunked prefill continues; the
 blocks its steps fill are registered in the cache as they complete.
 
+A request with n > 1 completions is a group of n sequences (`sequence.new_sequences`) whose
+prompt is computed once: a sequence of the group that has never run waits (without letting
+later requests pass) while a sibling is computing the prompt, and once one has computed the
+prompt's full blocks it starts from them, found in the prefix cache, or, with the cache off,
+forked from that sibling (owners up, `allocator.share`). A shared block is never written:
+only the prompt's full blocks before its last token are shared, and each sequence computes
+the rest of the prompt itself, the last partial block's tokens (between 1 and block_size
+tokens), which is simpler than copying that block and costs about as little. A sibling gone
+(finished, preempted) leaves the others to compute the prompt themselves; aborting the
+request aborts them all.
+
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
 exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
 and none is free, the most recently admitted running sequence is preempted by recompute:
@@ -51,6 +62,8 @@ from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, 
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 
+_WAIT = object()  # _prompt_source's answer: not yet, a sibling is computing the shared prompt
+
 
 class Scheduler:
     def __init__(
@@ -71,8 +84,8 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens found cached
         self._cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self._eos = frozenset(int(t) for t in eos_token_ids)
-        self._unfinished: dict[str, Sequence] = {}
-        self._static_batch: set[str] = set()  # request ids of the active static batch
+        self._unfinished: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
+        self._static_batch: set[Sequence] = set()  # the active static batch's unfinished members
 
     @property
     def num_running(self) -> int:
@@ -90,12 +103,18 @@ class Scheduler:
         return bool(self._unfinished)
 
     # --8<-- [start:add]
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; ValueError if it could never run to completion."""
+    def add(self, seqs: Sequence | list[Sequence]) -> None:
+        """Queue a new request: a sequence, or the whole group of an n > 1 request; ValueError
+        if it could never run to completion."""
+        group = [seqs] if isinstance(seqs, Sequence) else list(seqs)
+        seq = group[0]
         if seq.request_id in self._unfinished:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
-        if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
-            raise ValueError(f"only new sequences can be added, got {seq!r}")
+        if group != seq.group or [s.index for s in group] != list(range(len(group))):
+            raise ValueError(f"add takes a request's whole group of sequences, in index order, got {group!r}")
+        for member in group:
+            if member.status is not SequenceStatus.WAITING or member.num_computed_tokens or member.block_table:
+                raise ValueError(f"only new sequences can be added, got {member!r}")
         max_model_len = self.config.max_model_len
         prompt_len = seq.num_prompt_tokens
         if prompt_len > max_model_len:
@@ -108,37 +127,43 @@ class Scheduler:
                 f"prompt of {prompt_len} tokens with max_tokens {seq.sampling_params.max_tokens} "
                 f"needs {needed} KV-cache blocks, the cache has {self.allocator.num_blocks}"
             )
-        self.waiting.append(seq)
-        self._unfinished[seq.request_id] = seq
+        self.waiting.extend(group)
+        self._unfinished[seq.request_id] = list(group)
 
     # --8<-- [end:add]
 
     def abort(self, request_id: str) -> bool:
-        """Finish a waiting or running request now, freeing its blocks; False if not unfinished."""
-        seq = self._unfinished.get(request_id)
-        if seq is None:
+        """Finish a waiting or running request (all its sequences) now, freeing their blocks;
+        False if not unfinished."""
+        seqs = self._unfinished.get(request_id)
+        if seqs is None:
             return False
-        self.finish(seq, "abort")
+        for seq in list(seqs):
+            self.finish(seq, "abort")
         return True
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """Finish an unfinished sequence ("stop", "length" or "abort"), freeing its blocks.
-        A sequence that has finished already keeps its first reason."""
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Finish an unfinished sequence ("stop", "length" or "abort"; for a stop, the stop
+        token id or string, if one did it), freeing its blocks. A sequence that has finished
+        already keeps its first reason."""
         if seq.is_finished:
             return
-        if self._unfinished.get(seq.request_id) is not seq:
+        siblings = self._unfinished.get(seq.request_id, ())
+        if not any(member is seq for member in siblings):
             raise ValueError(f"{seq!r} does not belong to this scheduler")
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
-        seq.set_finished(reason)
+        seq.set_finished(reason, stop_reason)
         del seq.token_ids[len(seq.known_token_ids) :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.block_keys = []
-        del self._unfinished[seq.request_id]
-        self._static_batch.discard(seq.request_id)
+        siblings.remove(seq)
+        if not siblings:
+            del self._unfinished[seq.request_id]
+        self._static_batch.discard(seq)
 
     # --8<-- [start:schedule]
     def schedule(self) -> ScheduledBatch | None:
@@ -222,18 +247,21 @@ class Scheduler:
                 register_computed_blocks(self._cache, seq, block_size)
             reason = self._stop_reason(seq, token, index + 1)
             if reason is not None:
-                self.finish(seq, reason)
+                self.finish(seq, *reason)
                 finished.append(seq)
         return finished
 
-    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
-        """Why seq stops at its token `token`, the num_tokens-th of its list, if it does."""
+    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> tuple[str, int | None] | None:
+        """Why seq stops at its token `token`, the num_tokens-th of its list, if it does: the
+        finish reason and vLLM's stop_reason (the token for a stop token id, None for EOS)."""
         params = seq.sampling_params
-        before_min_tokens = num_tokens - seq.num_prompt_tokens < params.min_tokens
-        if not before_min_tokens and ((token in self._eos and not params.ignore_eos) or token in params.stop_token_ids):
-            return "stop"
+        if num_tokens - seq.num_prompt_tokens >= params.min_tokens:  # before min_tokens, nothing stops it
+            if token in self._eos and not params.ignore_eos:
+                return "stop", None
+            if token in params.stop_token_ids:
+                return "stop", token
         if self._reached_length(seq, num_tokens):
-            return "length"
+            return "length", None
         return None
 
     def _reached_length(self, seq: Sequence, num_tokens: int) -> bool:
@@ -278,15 +306,25 @@ class Scheduler:
             self._choose_static_batch()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if static and seq.request_id not in self._static_batch:
+            if static and seq not in self._static_batch:
                 break
-            num_cached = attach_prefix(self._cache, seq, self.config.block_size) if self._cache is not None else 0
+            source = self._prompt_source(seq)
+            if source is _WAIT:
+                break
+            if self._cache is not None:
+                num_cached = attach_prefix(self._cache, seq, self.config.block_size)
+            elif source is not None:
+                num_cached = self._fork_prompt(seq, source)
+            else:
+                num_cached = 0
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self._grow(seq, num_cached + num_new):
                 self._drop_blocks(seq)
                 break
             if self._cache is not None:
                 self._count_hit(seq, num_cached)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = num_cached
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -294,11 +332,41 @@ class Scheduler:
             budget -= num_new
 
     def _count_hit(self, seq: Sequence, num_cached: int) -> None:
-        """Count an admitted sequence's lookup; its first admission sets num_cached_tokens."""
+        """Count an admitted sequence's prefix-cache lookup."""
         self.prefix_cache_queries += seq.num_tokens
         self.prefix_cache_hits += num_cached
-        if seq.num_cached_tokens is None:
-            seq.num_cached_tokens = num_cached
+
+    # --8<-- [start:share-prompt]
+    def _shared_prompt_blocks(self, seq: Sequence) -> int:
+        """How many of the prompt's blocks a request's sequences share: the full blocks before
+        the prompt's last token (which each computes, to sample its first token)."""
+        return (seq.num_prompt_tokens - 1) // self.config.block_size if len(seq.group) > 1 else 0
+
+    def _prompt_source(self, seq: Sequence):
+        """For a sequence about to be admitted: the running sibling that holds the shared
+        prompt blocks, computed; else _WAIT while a sibling computes them and seq has never
+        run (it would compute them a second time); else None (seq computes them itself)."""
+        shared = self._shared_prompt_blocks(seq) * self.config.block_size
+        if not shared:
+            return None
+        computing = False
+        for sibling in seq.group:
+            if sibling is not seq and sibling.status is SequenceStatus.RUNNING:
+                if sibling.num_computed_tokens >= shared:
+                    return sibling
+                computing = True
+        return _WAIT if computing and seq.num_cached_tokens is None else None
+
+    def _fork_prompt(self, seq: Sequence, source: Sequence) -> int:
+        """Give seq the shared prompt blocks of its running sibling `source` (one more owner
+        each), counted computed: the prefix cache's sharing, without the cache."""
+        blocks = source.block_table[: self._shared_prompt_blocks(seq)]
+        self.allocator.share(blocks)
+        seq.block_table = list(blocks)
+        seq.num_computed_tokens = len(blocks) * self.config.block_size
+        return seq.num_computed_tokens
+
+    # --8<-- [end:share-prompt]
 
     def _choose_static_batch(self) -> None:
         """The queue's front whose token lists fit the free blocks, each counted in full: with the
@@ -309,10 +377,12 @@ class Scheduler:
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
+            if any(sibling in self._static_batch for sibling in seq.group):
+                need -= self._shared_prompt_blocks(seq)  # it will share a sibling's prompt blocks
             if len(self._static_batch) == self.config.max_num_seqs or need > free:
                 break
             free -= need
-            self._static_batch.add(seq.request_id)
+            self._static_batch.add(seq)
 
     # --8<-- [end:admit]
 

@@ -14,12 +14,21 @@ as a token for positions and lengths; `known_token_ids` leaves it out), and
 `seed` is fixed at creation (drawn at random when the request gives none): the sampler draws
 the token at position p from (seed, p), so a sequence recomputed after preemption samples
 exactly what it would have sampled without it.
+
+A request with `n > 1` is n sequences (`new_sequences`), one per completion: they share the
+request id and the prompt, each has its `index` (0 .. n-1), its own seed (the request's seed
++ index, as vLLM derives them, so a seeded request is reproducible; random ones otherwise)
+and the same `group`, the list of all n. The scheduler lets them share the prompt's KV blocks.
+
+`RequestOutput` and `CompletionOutput` are vLLM's output shape: one RequestOutput per request,
+with one CompletionOutput per sequence in `outputs`.
 """
 
 import enum
 import itertools
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 
@@ -58,11 +67,15 @@ class Sequence:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         prompt: str | None = None,
+        index: int = 0,
     ) -> None:
+        """One completion of a request (the `index`-th); a lone sequence is its own group."""
         token_ids = [int(t) for t in prompt_token_ids]
         if not token_ids:
             raise ValueError("prompt_token_ids must hold at least one token")
         self.request_id = request_id
+        self.index = index
+        self.group: list[Sequence] = [self]  # the request's sequences, by index (new_sequences sets it)
         self.prompt = prompt
         self.token_ids = token_ids
         self.num_prompt_tokens = len(token_ids)
@@ -70,12 +83,15 @@ class Sequence:
         self.pending_sample_row = -1
         self.block_table: list[int] = []
         self.block_keys: list[int] = []  # prefix-cache keys of the first blocks of block_table
-        self.num_cached_tokens: int | None = None  # prompt tokens found cached at first admission
+        # Prompt tokens it did not compute at first admission (found cached, or forked from a
+        # sibling); None until then.
+        self.num_cached_tokens: int | None = None
         self.sampling_params = sampling_params
         seed = sampling_params.seed
-        self.seed = seed if seed is not None else secrets.randbelow(SEED_LIMIT)
+        self.seed = (seed + index) % SEED_LIMIT if seed is not None else secrets.randbelow(SEED_LIMIT)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.arrival = next(_arrivals)
 
     @property
@@ -110,45 +126,99 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
-    def set_finished(self, reason: str) -> None:
-        """Mark finished with a vLLM finish reason: "stop", "length" or "abort"."""
+    def set_finished(self, reason: str, stop_reason: int | str | None = None) -> None:
+        """Mark finished with a vLLM finish reason: "stop", "length" or "abort", and for a
+        stop by a stop token id or a stop string, that id or string (vLLM's stop_reason)."""
         if reason not in _FINISHED_STATUS:
             raise ValueError(f"finish reason must be one of {sorted(_FINISHED_STATUS)}, got {reason!r}")
         self.status = _FINISHED_STATUS[reason]
         self.finish_reason = reason
+        self.stop_reason = stop_reason
 
     def __repr__(self) -> str:
+        index = f"[{self.index}]" if len(self.group) > 1 else ""
         return (
-            f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"Sequence({self.request_id!r}{index}, {self.status.name}, tokens={self.num_tokens}, "
             f"prompt={self.num_prompt_tokens}, computed={self.num_computed_tokens}, "
             f"blocks={self.block_table})"
         )
 
 
+def new_sequences(
+    request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, prompt: str | None = None
+) -> list[Sequence]:
+    """The `sampling_params.n` sequences of one request, indices 0 .. n-1, sharing one group."""
+    group = [
+        Sequence(request_id, prompt_token_ids, sampling_params, prompt=prompt, index=index)
+        for index in range(sampling_params.n)
+    ]
+    for seq in group:
+        seq.group = group
+    return group
+
+
+# --8<-- [start:outputs]
+@dataclass
+class CompletionOutput:
+    """One completion of a request (vLLM's fields): `text` and `token_ids` are cumulative (all
+    generated so far); `finish_reason` is None while it runs, then "stop", "length" or "abort";
+    `stop_reason` the stop token id or stop string that ended it (None for EOS, a length cap or an
+    abort). `cumulative_logprob` and `logprobs` stay None: tinyvllm computes no logprobs yet."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Any]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @classmethod
+    def from_sequence(cls, seq: Sequence, text: str) -> "CompletionOutput":
+        """The sequence's state now; `text` is its detokenized completion, made by the engine."""
+        return cls(
+            index=seq.index,
+            text=text,
+            token_ids=seq.completion_token_ids,
+            cumulative_logprob=None,
+            logprobs=None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+
 @dataclass
 class RequestOutput:
-    """What generate() returns and streaming yields for one request (vLLM's fields, flattened)."""
+    """What generate() returns and streaming yields for one request (vLLM's fields): its
+    prompt, and in `outputs` one CompletionOutput per completion (n of them, by index).
+    `finished` once every completion has finished. `prompt_logprobs` stays None."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
+    prompt_logprobs: list[dict[int, Any] | None] | None
+    outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
-    """Prompt tokens whose K/V came from the prefix cache (vLLM's name)."""
+    """Prompt tokens whose K/V came from the prefix cache when the prompt was first computed
+    (the first completion's; the others share that prompt's blocks) (vLLM's name)."""
 
     @classmethod
-    def from_sequence(cls, seq: Sequence, text: str) -> "RequestOutput":
-        """The sequence's state now; `text` is the detokenized completion, made by the engine."""
+    def from_sequences(cls, seqs: list[Sequence], texts: list[str]) -> "RequestOutput":
+        """A request's state now from its sequences (by index) and their detokenized texts."""
+        first = seqs[0]
         return cls(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            text=text,
-            token_ids=seq.completion_token_ids,
-            finish_reason=seq.finish_reason,
-            finished=seq.is_finished,
-            num_cached_tokens=seq.num_cached_tokens or 0,
+            request_id=first.request_id,
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            prompt_logprobs=None,
+            outputs=[CompletionOutput.from_sequence(seq, text) for seq, text in zip(seqs, texts)],
+            finished=all(seq.is_finished for seq in seqs),
+            num_cached_tokens=first.num_cached_tokens or 0,
         )
+
+
+# --8<-- [end:outputs]

@@ -65,9 +65,10 @@ def stream_reply(engine: LLMEngine, messages: list[dict], params: SamplingParams
                 outputs = engine.step()
             for output in outputs:
                 if output.request_id == request_id:
-                    out.write(output.text[len(text) :])
+                    reply = output.outputs[0].text
+                    out.write(reply[len(text) :])
                     out.flush()
-                    text = output.text
+                    text = reply
     except KeyboardInterrupt:
         engine.abort(request_id)
         out.write(INTERRUPTED_MARK)

@@ -73,15 +73,16 @@ class ServerMetrics:
     async def track(self, outputs: AsyncIterator[RequestOutput], record: RequestRecord) -> AsyncIterator[RequestOutput]:
         """Pass `outputs` through, observing the first token's latency and, at the end, the counts."""
         async for output in outputs:
-            if output.token_ids and record.first_token_s is None:
+            generated = sum(len(completion.token_ids) for completion in output.outputs)
+            if generated and record.first_token_s is None:
                 record.first_token_s = time.perf_counter() - record.start
                 self.ttft.observe(record.first_token_s)
             record.prompt_tokens = len(output.prompt_token_ids)
-            record.generation_tokens = len(output.token_ids)
+            record.generation_tokens = generated
             if output.finished:
                 self.prompt_tokens += record.prompt_tokens
                 self.generation_tokens += record.generation_tokens
-                self.finished[output.finish_reason] += 1
+                self.finished.update(completion.finish_reason for completion in output.outputs)
                 self.e2e.observe(time.perf_counter() - record.start)
             yield output
 
@@ -111,7 +112,8 @@ class ServerMetrics:
             f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}'
             for reason, n in sorted(self.finished.items())
         ]
-        metric("vllm:request_success_total", "counter", "Finished requests by finish reason.", success)
+        help_text = "Finished requests by finish reason (a request with n completions counts once for each)."
+        metric("vllm:request_success_total", "counter", help_text, success)
         one("tinyvllm:num_requests_aborted_total", "counter", "Requests aborted.", stats["num_requests_aborted"])
         one("tinyvllm:num_requests_rejected_total", "counter", "Requests refused.", stats["num_requests_rejected"])
         ttft = self.ttft.lines("vllm:time_to_first_token_seconds", labels)

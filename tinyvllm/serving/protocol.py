@@ -6,9 +6,10 @@ streaming options. Every problem raises `OpenAIError`, which the server sends ba
 OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, the message naming the field.
 
 Supported: model, prompt / messages, max_tokens (and max_completion_tokens for chat),
-temperature, top_p, stop, seed, stream, stream_options.include_usage, n (1 only),
-presence_penalty, frequency_penalty, and vLLM's extensions top_k, ignore_eos,
-stop_token_ids, repetition_penalty, min_p and min_tokens. Fields left out (or null) take the
+temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
+0 .. n-1, from one request whose prompt is computed once), presence_penalty,
+frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
+repetition_penalty, min_p and min_tokens. Fields left out (or null) take the
 model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
 max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit. One prompt per request: a list of prompts is
@@ -116,13 +117,12 @@ def _generation(
     for name, unused in UNSUPPORTED.items():
         if not _is_default(body.get(name), unused):
             raise OpenAIError(400, f"{name} is not supported by tinyvllm (leave it out)", param=name)
-    if _given(body, "n", 1) != 1:
-        raise OpenAIError(400, f"n must be 1 (tinyvllm returns one choice per request), got {body['n']!r}", param="n")
     stream = _given(body, "stream", False)
     if not isinstance(stream, bool):
         raise OpenAIError(400, f"stream must be a boolean, got {stream!r}", param="stream")
     try:
         params = SamplingParams(
+            n=_given(body, "n", 1),
             temperature=_given(body, "temperature", defaults.temperature),
             top_p=_given(body, "top_p", defaults.top_p),
             top_k=_given(body, "top_k", defaults.top_k),
@@ -216,7 +216,9 @@ def _kind(value: Any) -> str:
 
 # -- responses ----------------------------------------------------------------------------
 def usage(output: RequestOutput) -> dict:
-    prompt_tokens, completion_tokens = len(output.prompt_token_ids), len(output.token_ids)
+    """OpenAI's usage: the prompt once, the completion tokens of every choice."""
+    prompt_tokens = len(output.prompt_token_ids)
+    completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
 
@@ -229,13 +231,13 @@ class CompletionsAPI:
     chunk_object = "text_completion"
 
     @staticmethod
-    def choice(text: str, finish_reason: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(index: int, text: str, finish_reason: str | None) -> dict:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     chunk_choice = choice
 
     @staticmethod
-    def first_chunk_choice() -> dict | None:
+    def first_chunk_choice(index: int) -> dict | None:
         return None
 
 
@@ -247,18 +249,18 @@ class ChatAPI:
     chunk_object = "chat.completion.chunk"
 
     @staticmethod
-    def choice(text: str, finish_reason: str | None) -> dict:
+    def choice(index: int, text: str, finish_reason: str | None) -> dict:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
 
     @staticmethod
-    def chunk_choice(text: str, finish_reason: str | None) -> dict:
+    def chunk_choice(index: int, text: str, finish_reason: str | None) -> dict:
         delta = {"content": text} if text or finish_reason is None else {}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
     @staticmethod
-    def first_chunk_choice() -> dict | None:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    def first_chunk_choice(index: int) -> dict | None:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 API = type[CompletionsAPI] | type[ChatAPI]

@@ -7,8 +7,9 @@
                                one step has run past the stall timeout
     GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: JSON
 
-Both generation endpoints stream server-sent events with `"stream": true` (one chunk per
-step that made text final, then `data: [DONE]`), and answer with one JSON object otherwise.
+Both generation endpoints stream server-sent events with `"stream": true` (per step, one chunk
+for each choice whose text that step made final, then `data: [DONE]`), and answer with one JSON
+object otherwise. With `n`, a response has n choices, told apart by their `index`.
 Request fields are described in `tinyvllm.serving.protocol`. Errors come in OpenAI's shape: 400 for
 a bad field or malformed JSON, 404 for another model's name, 413 for a body over the limit,
 503 once the engine has stopped. A client that goes away aborts its request, freeing its
@@ -168,8 +169,8 @@ class OpenAIServer:
             stream.abort()
         if output is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        choice = api.choice(output.text, output.finish_reason)
-        return JSONResponse({**head, "choices": [choice], "usage": usage(output)})
+        choices = [api.choice(c.index, c.text, c.finish_reason) for c in output.outputs]
+        return JSONResponse({**head, "choices": choices, "usage": usage(output)})
 
 
 async def read_json(request: Request, limit: int) -> dict:
@@ -220,21 +221,29 @@ async def _until_disconnected(request: Request) -> None:
 async def stream_events(
     api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
 ) -> AsyncIterator[bytes]:
-    """The SSE chunks of one request's outputs: deltas of final text, the finish reason, usage, [DONE]."""
+    """The SSE chunks of one request's outputs: for each choice, deltas of final text and its
+    finish reason; then usage, [DONE]."""
     stop = generation.params.stop
     extra = {"usage": None} if generation.include_usage else {}
-    first = api.first_chunk_choice()
-    if first is not None:
-        yield _event({**head, "choices": [first], **extra})
-    sent = ""
+    n = generation.params.n
+    for index in range(n):
+        first = api.first_chunk_choice(index)
+        if first is not None:
+            yield _event({**head, "choices": [first], **extra})
+    sent = [""] * n
+    ended = [False] * n
     try:
         async for output in outputs:
-            text = output.text
-            if not output.finished:
-                text = text[: len(text) - partial_stop_length(text, stop)]
-            if len(text) > len(sent) or output.finished:
-                yield _event({**head, "choices": [api.chunk_choice(text[len(sent) :], output.finish_reason)], **extra})
-                sent = text
+            for completion in output.outputs:
+                index, text, finished = completion.index, completion.text, completion.finished()
+                if ended[index]:
+                    continue
+                if not finished:
+                    text = text[: len(text) - partial_stop_length(text, stop)]
+                if len(text) > len(sent[index]) or finished:
+                    choice = api.chunk_choice(index, text[len(sent[index]) :], completion.finish_reason)
+                    yield _event({**head, "choices": [choice], **extra})
+                    sent[index], ended[index] = text, finished
         if generation.include_usage:
             yield _event({**head, "choices": [], "usage": usage(output)})
     except EngineClosedError as error:
