@@ -17,16 +17,8 @@ set first attaches the longest cached prefix of its tokens but the last (owners 
 computed), so its prefill computes only the rest, the way a chunked prefill continues; the
 blocks its steps fill are registered in the cache as they complete.
 
-A request with n > 1 completions is a group of n sequences (`sequence.new_sequences`) whose
-prompt is computed once: a sequence of the group that has never run waits (without letting
-later requests pass) while a sibling is computing the prompt, and once one has computed the
-prompt's full blocks it starts from them, found in the prefix cache, or, with the cache off,
-forked from that sibling (owners up, `allocator.share`). A shared block is never written:
-only the prompt's full blocks before its last token are shared, and each sequence computes
-the rest of the prompt itself, the last partial block's tokens (between 1 and block_size
-tokens), which is simpler than copying that block and costs about as little. A sibling gone
-(finished, preempted) leaves the others to compute the prompt themselves; aborting the
-request aborts them all.
+A request with n > 1 completions is a group of n sequences whose prompt is computed once
+(`prompt_sharing.py`).
 
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
 exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
@@ -59,10 +51,9 @@ import numpy as np
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
+from tinyvllm.engine.prompt_sharing import WAIT, fork_prompt, prompt_source, shared_prompt_blocks
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
-
-_WAIT = object()  # _prompt_source's answer: not yet, a sibling is computing the shared prompt
 
 
 class Scheduler:
@@ -308,21 +299,22 @@ class Scheduler:
             seq = self.waiting[0]
             if static and seq not in self._static_batch:
                 break
-            source = self._prompt_source(seq)
-            if source is _WAIT:
+            source = prompt_source(seq, self.config.block_size)
+            if source is WAIT:
                 break
             if self._cache is not None:
                 num_cached = attach_prefix(self._cache, seq, self.config.block_size)
             elif source is not None:
-                num_cached = self._fork_prompt(seq, source)
+                num_cached = fork_prompt(self.allocator, seq, source, self.config.block_size)
             else:
                 num_cached = 0
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self._grow(seq, num_cached + num_new):
                 self._drop_blocks(seq)
                 break
-            if self._cache is not None:
-                self._count_hit(seq, num_cached)
+            if self._cache is not None:  # the prefix-cache lookup, counted in tokens
+                self.prefix_cache_queries += seq.num_tokens
+                self.prefix_cache_hits += num_cached
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_cached
             self.waiting.popleft()
@@ -330,43 +322,6 @@ class Scheduler:
             self.running.append(seq)
             self._place(seq, num_new, decodes, prefills)
             budget -= num_new
-
-    def _count_hit(self, seq: Sequence, num_cached: int) -> None:
-        """Count an admitted sequence's prefix-cache lookup."""
-        self.prefix_cache_queries += seq.num_tokens
-        self.prefix_cache_hits += num_cached
-
-    # --8<-- [start:share-prompt]
-    def _shared_prompt_blocks(self, seq: Sequence) -> int:
-        """How many of the prompt's blocks a request's sequences share: the full blocks before
-        the prompt's last token (which each computes, to sample its first token)."""
-        return (seq.num_prompt_tokens - 1) // self.config.block_size if len(seq.group) > 1 else 0
-
-    def _prompt_source(self, seq: Sequence):
-        """For a sequence about to be admitted: the running sibling that holds the shared
-        prompt blocks, computed; else _WAIT while a sibling computes them and seq has never
-        run (it would compute them a second time); else None (seq computes them itself)."""
-        shared = self._shared_prompt_blocks(seq) * self.config.block_size
-        if not shared:
-            return None
-        computing = False
-        for sibling in seq.group:
-            if sibling is not seq and sibling.status is SequenceStatus.RUNNING:
-                if sibling.num_computed_tokens >= shared:
-                    return sibling
-                computing = True
-        return _WAIT if computing and seq.num_cached_tokens is None else None
-
-    def _fork_prompt(self, seq: Sequence, source: Sequence) -> int:
-        """Give seq the shared prompt blocks of its running sibling `source` (one more owner
-        each), counted computed: the prefix cache's sharing, without the cache."""
-        blocks = source.block_table[: self._shared_prompt_blocks(seq)]
-        self.allocator.share(blocks)
-        seq.block_table = list(blocks)
-        seq.num_computed_tokens = len(blocks) * self.config.block_size
-        return seq.num_computed_tokens
-
-    # --8<-- [end:share-prompt]
 
     def _choose_static_batch(self) -> None:
         """The queue's front whose token lists fit the free blocks, each counted in full: with the
@@ -378,7 +333,7 @@ class Scheduler:
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
             if any(sibling in self._static_batch for sibling in seq.group):
-                need -= self._shared_prompt_blocks(seq)  # it will share a sibling's prompt blocks
+                need -= shared_prompt_blocks(seq, self.config.block_size)  # it will share a sibling's
             if len(self._static_batch) == self.config.max_num_seqs or need > free:
                 break
             free -= need
