@@ -36,7 +36,7 @@ from numba import cuda
 
 from perf.models import model_dir
 from perf.timing import hold, result_header
-from tinyvllm.backends.variants import PLAIN_SAMPLER
+from tinyvllm.backends.sampler_options import PLAIN_SAMPLER
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 

@@ -30,7 +30,7 @@ import numpy as np
 from perf.models import model_dir
 from perf.profile_step import run_prefills
 from perf.timing import result_header
-from tinyvllm.backends.variants import PLAIN_SAMPLER
+from tinyvllm.backends.sampler_options import PLAIN_SAMPLER
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 

@@ -207,7 +207,7 @@ def test_an_engine_seed_makes_unseeded_requests_reproducible(tiny_model):
 
     def sample(seed):
         llm = LLM(tiny_model, backend="numpy", seed=seed)
-        return [output.token_ids for output in llm.generate(prompts, params)]
+        return [output.outputs[0].token_ids for output in llm.generate(prompts, params, use_tqdm=False)]
 
     assert sample(7) == sample(7)
     assert sample(7) != sample(8)

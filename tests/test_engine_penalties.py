@@ -12,7 +12,7 @@ from tests.helpers import SIMULATOR, next_token_logits
 from tests.random_llama import BYTES_SPECIAL_TOKENS, TINY_OVERRIDES, make_random_llama_dir, save_bytes_tokenizer
 from tests.test_engine import ENGINE_SIMULATOR_OVERRIDES
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.backends.variants import PLAIN_SAMPLER, SamplerOptions
+from tinyvllm.backends.sampler_options import PLAIN_SAMPLER, SamplerOptions
 
 PENALTIES = {"presence_penalty": 0.8, "frequency_penalty": 0.6, "repetition_penalty": 1.5}
 
@@ -61,7 +61,7 @@ def test_penalized_greedy_matches_the_loop_with_preemption_and_plain_rows(tiny_m
     assert expected[0] != plain[0] and expected[2] != plain[2]  # the penalties change the tokens
     for limits in ({"num_blocks": 256}, {"num_blocks": 12}):
         llm = LLM(tiny_model, backend="numpy", block_size=4, max_num_seqs=4, **limits)
-        assert [out.token_ids for out in llm.generate(prompts, params)] == expected, limits
+        assert [out.outputs[0].token_ids for out in llm.generate(prompts, params)] == expected, limits
         if limits["num_blocks"] == 12:
             assert llm.engine.scheduler.num_preemptions > 0
 
@@ -83,30 +83,33 @@ def test_min_tokens_holds_back_eos_that_greedy_would_pick_first(tiny_model, tmp_
     )
     llm = LLM(stopping, backend="numpy")
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))[0]
-    assert (out.token_ids, out.finish_reason) == ([first], "stop")
+    assert (out.outputs[0].token_ids, out.outputs[0].finish_reason) == ([first], "stop")
     expected = greedy_loop(llm, prompt, 10, stops=(int(first),), min_tokens=4)
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4))[0]
-    assert out.token_ids == expected
-    assert first not in out.token_ids[:4]
+    assert out.outputs[0].token_ids == expected
+    assert first not in out.outputs[0].token_ids[:4]
 
 
 def test_stop_strings_wait_for_min_tokens(tiny_model):
     llm = LLM(tiny_model, backend="numpy")
     prompt = [40, 41, 42]
     free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
-    stop = llm.engine.tokenizer.decode(free.token_ids[:1])
-    assert stop and stop not in llm.engine.tokenizer.decode(free.token_ids[1:3])
+    stop = llm.engine.tokenizer.decode(free.outputs[0].token_ids[:1])
+    assert stop and stop not in llm.engine.tokenizer.decode(free.outputs[0].token_ids[1:3])
     stopped = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=stop))[0]
-    assert (stopped.token_ids, stopped.finish_reason) == (free.token_ids[:1], "stop")
+    assert (stopped.outputs[0].token_ids, stopped.outputs[0].finish_reason) == (free.outputs[0].token_ids[:1], "stop")
     held = llm.generate(
         [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=stop, min_tokens=3)
     )
-    assert len(held[0].token_ids) >= 3 and held[0].token_ids == free.token_ids[: len(held[0].token_ids)]
+    held_tokens = held[0].outputs[0].token_ids
+    assert len(held_tokens) >= 3 and held_tokens == free.outputs[0].token_ids[: len(held_tokens)]
 
 
 def test_cuda_backend_penalties_and_min_tokens_match_the_loop(tmp_path):
     overrides = ENGINE_SIMULATOR_OVERRIDES if SIMULATOR else TINY_OVERRIDES
-    tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS))
+    # the simulator's model has a smaller vocabulary than the byte tokenizer's
+    num_bytes = overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS)
+    tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", num_bytes) if SIMULATOR else "bytes"
     model = make_random_llama_dir(tmp_path / "model", tokenizer=tokenizer, config_overrides=overrides)
     limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64}
     reference = LLM(model, backend="numpy", activation_dtype="bf16", num_blocks=64, **limits)
@@ -123,7 +126,7 @@ def test_cuda_backend_penalties_and_min_tokens_match_the_loop(tmp_path):
         greedy_loop(reference, prompts[1], max_tokens, stops=(int(stop),), min_tokens=2),
     ]
     llm = LLM(model, backend="cuda", linear_backend="tiled" if SIMULATOR else "auto", num_blocks=64, **limits)
-    assert [out.token_ids for out in llm.generate(prompts, params)] == expected
+    assert [out.outputs[0].token_ids for out in llm.generate(prompts, params)] == expected
 
 
 def pick_tokens() -> int:
@@ -140,9 +143,10 @@ def test_graph_replay_samples_what_eager_samples_with_every_option(tiny_model):
         for i in range(len(prompts))
     ]
     params[0] = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    graphs = LLM(tiny_model, backend="cuda")
-    eager = LLM(tiny_model, backend="cuda", enforce_eager=True)
-    replayed = [out.token_ids for out in graphs.generate(prompts, params)]
-    assert replayed == [out.token_ids for out in eager.generate(prompts, params)]
+    # num_blocks given: other test workers share the GPU, so its free memory says little
+    graphs = LLM(tiny_model, backend="cuda", num_blocks=256)
+    eager = LLM(tiny_model, backend="cuda", num_blocks=256, enforce_eager=True)
+    replayed = [out.outputs[0].token_ids for out in graphs.generate(prompts, params)]
+    assert replayed == [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
     captured_options = {options for _, options in graphs.engine.runner.graphs.graphs}
     assert captured_options == {PLAIN_SAMPLER, SamplerOptions(penalties=True, min_p=True)}

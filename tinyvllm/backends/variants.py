@@ -92,29 +92,6 @@ def decode_shape(q, k_cache, block_tables) -> tuple[int, int, int]:
     return q.shape[0], num_kv_heads, block_tables.shape[1] * block_size
 
 
-# --8<-- [start:sampler-options]
-@dataclass(frozen=True)
-class SamplerOptions:
-    """The optional sampler kernels a step runs (`kernels/penalties.py`): the penalties and,
-    after the draw, the count update when a row reads a token-state slot; min-p when a
-    sampled (not greedy) row asks for it. A step that needs neither launches neither."""
-
-    penalties: bool = False
-    min_p: bool = False
-
-
-PLAIN_SAMPLER = SamplerOptions()
-"""No optional kernel: the sampler alone."""
-
-
-def sampler_options(penalty_slots, temperature, min_p) -> SamplerOptions:
-    """The options of a step, from its host arrays (one entry per sampled row)."""
-    return SamplerOptions(bool((penalty_slots >= 0).any()), bool(((min_p > 0) & (temperature > 0)).any()))
-
-
-# --8<-- [end:sampler-options]
-
-
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel an operator call launches: its name (a launcher in tinyvllm/kernels) and

@@ -14,14 +14,14 @@ bucket. Padding rows write no KV (slot -1), attend to one token of block 0 and s
 greedily; their outputs are never read. The captures allocate nothing: every buffer is
 the runner's, so all graphs share the same memory.
 
-A graph is also keyed by the step's sampler options (`variants.SamplerOptions`): the plain
+A graph is also keyed by the step's sampler options (`sampler_options.SamplerOptions`): the plain
 sampler's graphs are captured up front; the first decode step of a bucket that needs the
 penalty or min-p kernels runs eagerly and is then captured, for the steps after it.
 """
 
 import numpy as np
 
-from tinyvllm.backends.variants import PLAIN_SAMPLER, SamplerOptions
+from tinyvllm.backends.sampler_options import PLAIN_SAMPLER, SamplerOptions
 from tinyvllm.engine.step_inputs import HostStep, StepBuffers, empty_step
 from tinyvllm.model.step_fields import STEP_FIELDS, Pad
 

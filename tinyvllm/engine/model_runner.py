@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.backends.base import Backend
-from tinyvllm.backends.variants import PLAIN_SAMPLER, SamplerOptions, sampler_options
+from tinyvllm.backends.sampler_options import PLAIN_SAMPLER, SamplerOptions, sampler_options
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
