@@ -85,6 +85,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture
+def shard() -> int:
+    """A sharded property's shard (tests/helpers.py `sharded`): the one item under the simulator."""
+    return 0
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """torch's worker threads slow down manyfold when the two cores are shared; one thread stays steady."""

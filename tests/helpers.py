@@ -25,11 +25,14 @@ def sharded(count: int):
     profile's examples; the test takes `shard` as its first argument (Hypothesis fills the
     last ones). pytest-xdist runs the items on different workers, so a property whose
     examples each compile new kernels no longer holds one worker for minutes; Hypothesis
-    gives each parametrized item its own seed."""
+    gives each parametrized item its own seed. Under the simulator there is one item, shard 0
+    (the `shard` fixture), with a `count`th of the examples: these properties' model-sized
+    draws (K of 4,096) take minutes an example there, and the GPU runs them all."""
     share = settings(max_examples=max(1, settings.default.max_examples // count))
 
     def decorate(test):
-        return pytest.mark.parametrize("shard", range(count))(share(test))
+        test = share(test)
+        return test if SIMULATOR else pytest.mark.parametrize("shard", range(count))(test)
 
     return decorate
 
