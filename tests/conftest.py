@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a constant: Hypothesis refuses function-scoped fixtures
 def shard() -> int:
     """A sharded property's shard (tests/helpers.py `sharded`): the one item under the simulator."""
     return 0
