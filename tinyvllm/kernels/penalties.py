@@ -20,7 +20,7 @@ the step's inputs, keeps it current without the host. Dense rows cost V words pe
 (64 MB for 128 slots of Llama 3's 128,256 tokens) and make every lookup one load; a
 penalized row is then one pass over logits and words, spread over many blocks.
 
-Which kernels run is the variant table's choice (`backends/variants.py`): a step with no
+Which kernels run is decided per step (`backends/sampler_options.py`): a step with no
 penalized row launches neither the penalty kernel nor the count update, and one with no
 min-p row no min-p kernel, so a plain step launches what it launched before.
 
