@@ -12,7 +12,8 @@ frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
 repetition_penalty, min_p and min_tokens. Fields left out (or null) take the
 model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
 max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
-for chat, both capped by the server's limit. One prompt per request: a list of prompts is
+for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
+the context is refused with both numbers, as vLLM does. One prompt per request: a list of prompts is
 refused (send one request each). Fields tinyvllm cannot honour (logprobs, logit_bias, tools,
 ...) are refused unless they hold their default value; unknown fields are ignored.
 """
@@ -91,10 +92,15 @@ def check_model(body: dict, served_model_name: str) -> None:
                           param="model", code="model_not_found")  # fmt: skip
 
 
-def parse_completion(body: dict, defaults: SamplingParams, max_tokens_limit: int) -> GenerationRequest:
+def parse_completion(
+    body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
+) -> GenerationRequest:
     """A /v1/completions body -> GenerationRequest."""
     max_tokens = _max_tokens(body, "max_tokens", min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit), max_tokens_limit)
-    return _generation(body, _prompt(body), defaults, max_tokens, "prompt")
+    prompt = _prompt(body)
+    prompt_len = len(tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
+    _check_context(body, "max_tokens", prompt_len, max_tokens, max_model_len)
+    return _generation(body, prompt, defaults, max_tokens, "prompt")
 
 
 def parse_chat(
@@ -108,7 +114,21 @@ def parse_chat(
         raise OpenAIError(400, f"messages: {error}", param="messages") from None
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
-    return _generation(body, prompt, defaults, _max_tokens(body, name, default, max_tokens_limit), "messages")
+    max_tokens = _max_tokens(body, name, default, max_tokens_limit)
+    _check_context(body, name, len(prompt), max_tokens, max_model_len)
+    return _generation(body, prompt, defaults, max_tokens, "messages")
+
+
+def _check_context(body: dict, name: str, prompt_len: int, max_tokens: int, max_model_len: int) -> None:
+    """A 400 with both numbers when the prompt and the max_tokens asked for exceed the context,
+    as vLLM answers; a default max_tokens is not refused (the request ends at the context)."""
+    if body.get(name) is not None and prompt_len + max_tokens > max_model_len:
+        message = (
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). "
+            "Please reduce the length of the prompt or completion."
+        )
+        raise OpenAIError(400, message, param=name)
 
 
 def _generation(

@@ -142,7 +142,10 @@ class OpenAIServer:
     async def completions(self, request: Request) -> Response:
         body = await read_json(request, self.config.max_body_bytes)
         check_model(body, self.config.served_model_name)
-        generation = parse_completion(body, self.defaults, self.config.max_tokens_limit)
+        engine = self.engine.engine
+        generation = parse_completion(
+            body, self.defaults, self.config.max_tokens_limit, engine.tokenizer, engine.max_model_len
+        )
         return await self._generate(request, CompletionsAPI, generation)
 
     async def chat_completions(self, request: Request) -> Response:
