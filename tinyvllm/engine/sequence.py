@@ -160,10 +160,18 @@ def new_sequences(
 # --8<-- [start:outputs]
 @dataclass
 class CompletionOutput:
-    """One completion of a request (vLLM's fields): `text` and `token_ids` are cumulative (all
-    generated so far); `finish_reason` is None while it runs, then "stop", "length" or "abort";
-    `stop_reason` the stop token id or stop string that ended it (None for EOS, a length cap or an
-    abort). `cumulative_logprob` and `logprobs` stay None: tinyvllm computes no logprobs yet."""
+    """One completion of a request, with vLLM's fields; `finished()` once it has a finish reason.
+
+    Attributes:
+        index: which of the request's `n` completions this is, from 0.
+        text: the detokenized text generated so far (cumulative), a stop string cut off.
+        token_ids: the token ids generated so far (cumulative).
+        cumulative_logprob: None: tinyvllm computes no logprobs yet.
+        logprobs: None, for the same reason.
+        finish_reason: None while it runs, then "stop", "length" or "abort".
+        stop_reason: the stop token id or stop string that ended it; None for an end-of-sequence
+            token, a length cap or an abort.
+    """
 
     index: int
     text: str
@@ -192,9 +200,18 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """What generate() returns and streaming yields for one request (vLLM's fields): its
-    prompt, and in `outputs` one CompletionOutput per completion (n of them, by index).
-    `finished` once every completion has finished. `prompt_logprobs` stays None."""
+    """What generate() returns and streaming yields for one request, with vLLM's fields.
+
+    Attributes:
+        request_id: the id the request was added with (or the engine gave it).
+        prompt: the prompt's text; None for a prompt given as token ids.
+        prompt_token_ids: the prompt as the model sees it.
+        prompt_logprobs: None: tinyvllm computes no logprobs yet.
+        outputs: one CompletionOutput per completion (`SamplingParams.n` of them, by index).
+        finished: True once every completion has finished.
+        num_cached_tokens: prompt tokens whose K/V came from the prefix cache when the prompt
+            was first computed (the first completion's; the others share that prompt's blocks).
+    """
 
     request_id: str
     prompt: str | None
@@ -203,8 +220,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
-    """Prompt tokens whose K/V came from the prefix cache when the prompt was first computed
-    (the first completion's; the others share that prompt's blocks) (vLLM's name)."""
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence], texts: list[str]) -> "RequestOutput":
