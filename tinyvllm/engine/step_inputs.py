@@ -25,14 +25,7 @@ from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN
 from tinyvllm.model.step_fields import STEP_FIELDS, StepInputs, step_class
 
-_OPTION_FIELDS = (
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_p",
-    "penalty_slots",
-    "mask_stop_tokens",
-)
+_PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "penalty_slots", "mask_stop_tokens")
 
 HostStep = step_class(
     "HostStep",
@@ -103,9 +96,10 @@ def build_step(
         temperature=np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
         top_k=np.array([p.top_k for p in params], dtype=np.int32),
         top_p=np.array([p.top_p for p in params], dtype=np.float32),
+        min_p=np.array([p.min_p for p in params], dtype=np.float32),
         seeds=np.array([seq.seed for seq in sampling], dtype=np.uint64),
         sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
-        **_option_fields(sampling, penalty_slots),
+        **_penalty_fields(sampling, penalty_slots),
         num_decode=batch.num_decodes,
     )
 
@@ -113,14 +107,14 @@ def build_step(
 # --8<-- [end:build-step]
 
 
-_OPTION_PADS = {field.name: (field.pad, field.dtype) for field in STEP_FIELDS if field.name in _OPTION_FIELDS}
+_PENALTY_PADS = {field.name: (field.pad, field.dtype) for field in STEP_FIELDS if field.name in _PENALTY_FIELDS}
 
 
-def _option_fields(sampling: list, penalty_slots: np.ndarray | None) -> dict[str, np.ndarray]:
-    """The penalty and min-p fields of the sampled rows: each field's neutral pad, except in
-    the rows that use it. Most steps use none, and a per-row loop over a large batch would
-    cost them host time for nothing."""
-    fields = {name: np.full(len(sampling), pad, dtype) for name, (pad, dtype) in _OPTION_PADS.items()}
+def _penalty_fields(sampling: list, penalty_slots: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The penalty fields of the sampled rows: each field's neutral pad, except in the rows
+    that read a token-state slot. Most steps have none, and a per-row loop over a large
+    batch would cost them host time for nothing."""
+    fields = {name: np.full(len(sampling), pad, dtype) for name, (pad, dtype) in _PENALTY_PADS.items()}
     if penalty_slots is not None:
         fields["penalty_slots"] = penalty_slots
         for row in np.flatnonzero(penalty_slots >= 0).tolist():
@@ -130,9 +124,6 @@ def _option_fields(sampling: list, penalty_slots: np.ndarray | None) -> dict[str
             fields["frequency_penalty"][row] = params.frequency_penalty
             fields["repetition_penalty"][row] = params.repetition_penalty
             fields["mask_stop_tokens"][row] = seq.num_completion_tokens < params.min_tokens
-    for row, seq in enumerate(sampling):
-        if seq.sampling_params.min_p:
-            fields["min_p"][row] = seq.sampling_params.min_p
     return fields
 
 
