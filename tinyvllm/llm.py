@@ -18,11 +18,9 @@ class LLM:
             index, `tokenizer.json`); None runs the embedded SmolLM2-135M-Instruct, fetched and
             converted on first use.
         **kwargs: the engine options, passed on to `LLMEngine`: either keyword arguments named
-            after the fields of `tinyvllm.config.EngineConfig` (`mode`, `backend`, `block_size`,
-            `gpu_memory_utilization`, `num_blocks`, `max_num_seqs`, `max_num_batched_tokens`,
-            `max_model_len`, `linear_backend`, `enforce_eager`, `enable_prefix_caching`,
-            `activation_dtype`, `cpu_kv_cache_gib`), or `engine_config=EngineConfig(...)`, never
-            both. Each is checked before any weight loads; a bad one raises ValueError naming it.
+            after the fields of `tinyvllm.config.EngineConfig` (documented there, on this page),
+            or `engine_config=EngineConfig(...)`, never both. Each is checked before any weight
+            loads; a bad one raises ValueError naming it.
     """
 
     def __init__(self, model: str | Path | None = None, **kwargs):
@@ -59,27 +57,24 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
         request_ids = []
+        finished: dict[str, RequestOutput] = {}
+        progress = None
         try:
             for prompt, params in zip(prompts, sampling_params):
                 request_ids.append(self.engine.add_request(prompt, params, final_only=True))
-        except ValueError:
-            for request_id in request_ids:
-                self.engine.abort(request_id)
-            raise
-        progress = _Progress(len(request_ids), use_tqdm)
-        finished: dict[str, RequestOutput] = {}
-        try:
+            progress = _Progress(len(request_ids), use_tqdm)
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     if output.finished:
                         finished[output.request_id] = output
                         progress.update(output)
-        except BaseException:  # KeyboardInterrupt included: what has not finished frees its blocks
+        except BaseException:  # a bad prompt, or KeyboardInterrupt: what was queued frees its blocks
             for request_id in request_ids:
                 self.engine.abort(request_id)
             raise
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
         return [finished[request_id] for request_id in request_ids]
 
     def chat(
