@@ -19,7 +19,8 @@ stores qkv, and then, for x row m:
 
 with (block, row) from slot_mapping[m] (no cache write for a negative slot or one past the
 cache), and the angle float32(position) * inv_freq[i] and its cos and sin computed as
-`rope_write_kv` computes them: both paths store the same bits.
+`rope_write_kv` computes them, and the pair turned by the same `rotate_pair`: both paths
+store the same bits.
 """
 
 import functools
@@ -32,7 +33,7 @@ from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.gemv import launch
 from tinyvllm.kernels.operands import RMSNorm
-from tinyvllm.kernels.rope import check_rope_targets
+from tinyvllm.kernels.rope import check_rope_targets, rotate_pair
 
 
 @functools.cache
@@ -87,8 +88,9 @@ def store_rope_write_kv(head_dim: int, m_rows: int, rows_per_block: int):
         angle = float32(positions[m]) * inv_freq[i]
         cos = math.cos(angle)
         sin = math.sin(angle)
-        destination[i] = f32_to_bf16(a * cos - b * sin)
-        destination[i + half] = f32_to_bf16(b * cos + a * sin)
+        turned_a, turned_b = rotate_pair(a, b, cos, sin)
+        destination[i] = f32_to_bf16(turned_a)
+        destination[i + half] = f32_to_bf16(turned_b)
 
     return epilogue
 

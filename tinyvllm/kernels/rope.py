@@ -24,7 +24,9 @@ RoPE uses HF's rotate-half layout: each head vector of size D is read as D/2 pla
 
 (HF's `q * cos + rotate_half(q) * sin`). The angle is computed as HF computes it: the
 position as float32 times the float32 inverse frequency, a float32 product, then cos and
-sin in float32. The rotation itself is done in float32 and rounded to bf16 once.
+sin in float32. The rotation itself is done in float32 and rounded to bf16 once, each
+output as one fused multiply-add over one rounded product (`rotate_pair`), so that the GEMV
+that does the same work in its store (`gemv_rope.py`) gives the very same bits.
 
 The inverse frequencies are host work, done once per model (`tinyvllm.model.rope`).
 
@@ -59,6 +61,15 @@ MAX_PAIRS = MAX_HEAD_DIM // 2
 
 # --8<-- [start:kernel]
 @cuda.jit(device=True, inline=True)
+def rotate_pair(a, b, cos, sin):
+    """Pair (a, b) turned by the angle of (cos, sin): (a cos - b sin, b cos + a sin)."""
+    # Explicit fmas, so that every kernel that inlines this rounds alike: left to the
+    # compiler, the products may be contracted differently in each kernel's code (the
+    # fused GEMV store was one bf16 bit off this kernel on the H200, 2026-12-02).
+    return cuda.fma(a, cos, -(b * sin)), cuda.fma(b, cos, a * sin)
+
+
+@cuda.jit(device=True, inline=True)
 def _rotate(source, start, destination, first, half, cos, sin):
     """destination[first + i], destination[first + half + i] = pair i of source[start:] turned (i < 8)."""
     a = cuda.local.array(VECTOR, float32)
@@ -66,9 +77,7 @@ def _rotate(source, start, destination, first, half, cos, sin):
     load_bf16x8(source, start + first, a)
     load_bf16x8(source, start + first + half, b)
     for i in range(VECTOR):
-        a_i = a[i]
-        a[i] = a_i * cos[first + i] - b[i] * sin[first + i]
-        b[i] = b[i] * cos[first + i] + a_i * sin[first + i]
+        a[i], b[i] = rotate_pair(a[i], b[i], cos[first + i], sin[first + i])
     store_bf16x8(destination, first, a)
     store_bf16x8(destination, first + half, b)
 
