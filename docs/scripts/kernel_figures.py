@@ -138,7 +138,7 @@ def elementwise(data: dict, figures: Path) -> tuple[list[str], str]:
 def attention(data: dict, figures: Path) -> tuple[list[str], str]:
     decode, prefill = data["decode"], data["prefill"]
     batches = sorted({r["batch"] for r in decode})
-    figure, axes = plt.subplots(1, len(batches), figsize=(3.3 * len(batches), 3.2), sharey=True)
+    figure, axes = plt.subplots(1, len(batches), figsize=(8, 3.4), sharey=True)
     for axis, batch in zip(np.atleast_1d(axes), batches):
         rows = sorted((r for r in decode if r["batch"] == batch), key=lambda r: r["context"])
         contexts = [r["context"] for r in rows]
@@ -187,7 +187,7 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
     vocabs = sorted({r["vocab"] for r in rows})
     ops = list(dict.fromkeys(r["op"] for r in rows))
     counts = sorted({r["rows"] for r in rows})
-    figure, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 3.4), sharey=True)
+    figure, axes = plt.subplots(len(vocabs), 1, figsize=(7.5, 2.9 * len(vocabs)), sharey=True)
     for axis, vocab in zip(np.atleast_1d(axes), vocabs):
         x = np.arange(len(ops))
         width = 0.8 / len(counts)
@@ -196,9 +196,9 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
                             == (op, vocab, count, "flat")), 0) for op in ops]  # fmt: skip
             axis.bar(x + (offset - (len(counts) - 1) / 2) * width, values, width, label=f"S = {count}")
         axis.axhline(data["bar_us"], color="black", linestyle=":", linewidth=1)
-        axis.set_xticks(x, [op.removeprefix("sample_") for op in ops], fontsize=7, rotation=30)
-        axis.set_title(f"V = {vocab}, flat logits", fontsize=8)
-    np.atleast_1d(axes)[0].set_ylabel("µs per call")
+        axis.set_xticks(x, [op.removeprefix("sample_") for op in ops], fontsize=8, rotation=20)
+        axis.set_title(f"V = {vocab}, flat logits", fontsize=9)
+        axis.set_ylabel("µs per call")
     np.atleast_1d(axes)[0].legend(fontsize=7)
     figure.suptitle(f"Sampling (dotted: the {data['bar_us']:.0f} µs bar): {measured_by(data)}", fontsize=9)
     figure.tight_layout()

@@ -62,11 +62,13 @@ def pending(bench: Benchmark) -> str:
 
 
 def results_page(bench: Benchmark, data: dict, names: list[str], body: str) -> str:
+    """The provenance line and the figures in view, the numbers folded (pymdownx.details)."""
     images = "\n\n".join(f"![{bench.name}: {name}](figures/{name})" for name in names)
     note = f" {data['note']}" if "note" in data else ""
+    folded = "\n".join(f"    {line}" if line else "" for line in body.splitlines())
     return (
         f"Measured on **{data['device']}**, {data['date']}, git `{data['git_rev']}`, by\n"
-        f"`{data['command']}`.{note}\n\n{images}\n\n{body}\n"
+        f"`{data['command']}`.{note}\n\n{images}\n\n??? note \"The numbers of {bench.name}\"\n\n{folded}\n"
     )
 
 
