@@ -68,7 +68,7 @@ def results_page(bench: Benchmark, data: dict, names: list[str], body: str) -> s
     folded = "\n".join(f"    {line}" if line else "" for line in body.splitlines())
     return (
         f"Measured on **{data['device']}**, {data['date']}, git `{data['git_rev']}`, by\n"
-        f"`{data['command']}`.{note}\n\n{images}\n\n??? note \"The numbers of {bench.name}\"\n\n{folded}\n"
+        f'`{data["command"]}`.{note}\n\n{images}\n\n??? note "The numbers of {bench.name}"\n\n{folded}\n'
     )
 
 
