@@ -190,6 +190,33 @@ def test_api_reference_documents_every_public_argument(path, name):
     assert f"::: {path[:-3].replace('/', '.')}.{name}" in (DOCS / "api.md").read_text()
 
 
+def shown_methods(path: str, name: str) -> list[str] | None:
+    """The methods the API page lists for a class: its `members` option, or None for all."""
+    text = (DOCS / "api.md").read_text()
+    block = text.split(f"::: {path[:-3].replace('/', '.')}.{name}\n", 1)[1].split("\n## ", 1)[0]
+    members = re.search(r"members:\s*(false|\[[^\]]*\])", block)
+    if members is None:
+        return None
+    return [] if members.group(1) == "false" else re.findall(r"\w+", members.group(1))
+
+
+@pytest.mark.parametrize("path, name", API, ids=[name for _, name in API])
+def test_api_reference_documents_every_argument_of_the_methods_it_shows(path, name):
+    """Each public method the API page shows names every argument in its docstring's Args."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+    shown = shown_methods(path, name)
+    methods = [node for node in cls.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+               and (shown is None or node.name in shown)]  # fmt: skip
+    for method in methods:
+        arguments = method.args.args[1:] + method.args.kwonlyargs
+        documented = set(re.findall(r"^\s+(\w+):", ast.get_docstring(method) or "", flags=re.MULTILINE))
+        missing = {a.arg for a in arguments} - documented
+        assert not missing, f"{name}.{method.name}'s docstring leaves out {missing}"
+
+
 @pytest.mark.parametrize("example", sorted((DOCS / "examples").glob("*.py")), ids=lambda path: path.name)
 def test_runnable_example_runs_and_a_page_shows_it(example):
     """docs/examples/ holds the chapters' runnable examples: each runs on a CPU in seconds, its

@@ -114,7 +114,11 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
 
     def resolve(self, model: ModelConfig) -> "ResolvedEngineConfig":
-        """This config with the model-dependent defaults filled in and checked against `model`."""
+        """This config with the model-dependent defaults filled in and checked against `model`.
+
+        Args:
+            model: the model's config (its max_position_embeddings bounds max_model_len).
+        """
         limit = model.max_position_embeddings
         max_model_len = self.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         if max_model_len > limit:

@@ -88,6 +88,7 @@ class LLM:
         Args:
             messages: one conversation, a list of `{"role", "content"}` dicts, or a list of them.
             sampling_params: as for `generate`.
+            use_tqdm: as for `generate`.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.encode_chat(conversation) for conversation in conversations]

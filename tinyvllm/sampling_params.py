@@ -122,7 +122,11 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     def validate_for_vocab(self, vocab_size: int) -> None:
-        """Raise ValueError naming stop_token_ids if any id is not a token of the model."""
+        """Raise ValueError naming stop_token_ids if any id is not a token of the model.
+
+        Args:
+            vocab_size: the model's vocabulary size.
+        """
         unknown = [t for t in self.stop_token_ids if t >= vocab_size]
         if unknown:
             raise ValueError(f"stop_token_ids {unknown} are outside the model's vocabulary of {vocab_size} tokens")

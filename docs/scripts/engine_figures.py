@@ -1,6 +1,6 @@
 """The engine benchmarks' figures and tables for make_figures.py: batch-1 decode, offline
-throughput and serving latency; and, tables only, where a decode step's time goes (the
-profile, the ablation, the kernel timeline) and what ptxas reports for its kernels."""
+throughput, serving latency and the decode graph's kernel timeline; and, tables only, where a
+decode step's time goes (the profile, the ablation) and what ptxas reports for its kernels."""
 
 import json
 from pathlib import Path
@@ -124,8 +124,32 @@ def ablation(data: dict, figures: Path) -> tuple[list[str], str]:
     return [], setup + "\n\n" + table(["variant", "graph µs", "cost µs"], rows)
 
 
+CHAIN_SHOWN = 16  # the first kernels of a graph: the feed, the embedding and two layers
+
+
+def chain_figure(data: dict, figures: Path) -> str:
+    """The first kernels of one graph replay on the GPU's clock: each bar from its start to
+    its end, the dark part its exposed time (what it adds after the kernel before it ends)."""
+    run = data["runs"][0]
+    chain = run["chain"][:CHAIN_SHOWN]
+    figure, axis = plt.subplots(figsize=(8.5, 4.2))
+    for row, kernel in enumerate(chain):
+        start, end = kernel["start_us"], kernel["start_us"] + kernel["duration_us"]
+        axis.barh(row, kernel["duration_us"], left=start, color="#7fb3e0", height=0.7)
+        axis.barh(row, kernel["exposed_us"], left=end - kernel["exposed_us"], color="#1f4e79", height=0.7)
+        axis.text(end + 0.4, row, f"{kernel['exposed_us']:.1f} µs", va="center", fontsize=6)
+    axis.set_yticks(range(len(chain)), [kernel["kernel"].split(" ")[0] for kernel in chain], fontsize=6)
+    axis.invert_yaxis()
+    axis.set_xlabel("µs from the graph's first kernel")
+    axis.set_title(f"The start of a batch-1 decode graph, {data['model']}, context {run['context']} "
+                   f"(dark: exposed time): {measured_by(data)}", fontsize=8)  # fmt: skip
+    figure.tight_layout()
+    return save(figure, figures / "graph_chain.png")
+
+
 def timeline(data: dict, figures: Path) -> tuple[list[str], str]:
-    """Tables only: each kernel's exposed time in the batch-1 decode graph, per context."""
+    """Each kernel's exposed time in the batch-1 decode graph, per context; the figure of
+    the graph's first kernels."""
     parts = []
     for run in data["runs"]:
         rows = [[f"`{row['kernel']}`", row["launches"], number(row["exposed_us"]),
@@ -135,7 +159,7 @@ def timeline(data: dict, figures: Path) -> tuple[list[str], str]:
                      f"{number(run['span_us'])} µs, {len(run['chain'])} kernels.\n\n"
                      + table(["kernel (specialisation, grid x block)", "launches", "exposed µs", "µs/launch",
                               "share"], rows))  # fmt: skip
-    return [], "\n\n".join(parts)
+    return [chain_figure(data, figures)], "\n\n".join(parts)
 
 
 def registers(data: dict, figures: Path) -> tuple[list[str], str]:

@@ -9,6 +9,8 @@ from result_tables import measured_by, number, table
 from timelines import save  # it also makes matplotlib headless (Agg)
 
 COPY_CEILING_TBPS = 4.25  # the H200's device-to-device copy, DESIGN.md
+CUBLAS_TFLOPS = 787  # cuBLAS bf16 at 8192^3 on the H200 (docs/performance.md, the ceilings)
+FP32_TFLOPS = 67  # the FP32 units, the tiled Numba GEMM's ceiling
 VARIANT_COLORS = {"cublas": "#555555", "tiled": "#e67e22", "gemv": "#2980b9", "paged": "#2980b9",
                   "split": "#e67e22", "auto": "#27ae60", "flash": "#2980b9", "naive": "#999999"}  # fmt: skip
 
@@ -16,8 +18,10 @@ VARIANT_COLORS = {"cublas": "#555555", "tiled": "#e67e22", "gemv": "#2980b9", "p
 def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
     rows = data["results"]
     layers = list(dict.fromkeys(r["layer"] for r in rows if r["layer"] != "square"))
-    figure, axes = plt.subplots(1, len(layers), figsize=(3.0 * len(layers), 3.2), sharey=True)
-    for axis, layer in zip(np.atleast_1d(axes), layers):
+    columns = 3
+    grid_rows = -(-len(layers) // columns)
+    figure, axes = plt.subplots(grid_rows, columns, figsize=(8.5, 2.9 * grid_rows), sharey=True, squeeze=False)
+    for axis, layer in zip(axes.flat, layers):
         for variant in ("tiled", "gemv"):
             points = sorted((r["m"], r["vs_cublas"]) for r in rows if r["layer"] == layer and r["variant"] == variant)
             if points:
@@ -25,14 +29,18 @@ def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
                 axis.plot(m, ratio, marker="o", label=variant, color=VARIANT_COLORS[variant])
         axis.axhline(1.0, color=VARIANT_COLORS["cublas"], linestyle=":", linewidth=1)
         n, k = next((r["n"], r["k"]) for r in rows if r["layer"] == layer)
-        axis.set_title(f"{layer}\nK {k} -> N {n}", fontsize=8)
+        axis.set_title(f"{layer}: K {k} -> N {n}", fontsize=9)
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("M (rows of x)")
-    np.atleast_1d(axes)[0].set_ylabel("speed relative to cuBLAS")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
-    figure.suptitle(f"Numba GEMM/GEMV vs cuBLAS (1.0): {measured_by(data)}", fontsize=9)
+        axis.set_xlabel("M (rows of x)", fontsize=8)
+        axis.grid(alpha=0.3)
+    for axis in axes.flat[len(layers) :]:
+        axis.axis("off")
+    for axis in axes[:, 0]:
+        axis.set_ylabel("speed vs cuBLAS (1.0)")
+    axes[0, 0].legend(fontsize=8)
+    figure.suptitle(f"Numba GEMM/GEMV against cuBLAS (dotted, 1.0): {measured_by(data)}", fontsize=10)
     figure.tight_layout()
-    names = [save(figure, figures / "gemm_vs_cublas.png")]
+    names = [save(figure, figures / "gemm_vs_cublas.png"), roofline(data, figures)]
 
     decode = [r for r in rows if r["m"] == 1]
     figure, axis = plt.subplots(figsize=(7, 3.2))
@@ -68,6 +76,29 @@ def gemm(data: dict, figures: Path) -> tuple[list[str], str]:
             [[r["layer"], r["n"], r["k"], number(r["gemv_tbps"]), number(r["cublas_tbps"])] for r in streamed],
         )
     return names, bars_line(data.get("bars_met", {})) + body
+
+
+def roofline(data: dict, figures: Path) -> str:
+    """Each product's achieved TFLOP/s against its FLOP per byte, under the H200's two roofs."""
+    figure, axis = plt.subplots(figsize=(7, 4))
+    intensity = np.logspace(-0.5, 3.6, 200)
+    for label, peak, style in (("cuBLAS bf16 peak", CUBLAS_TFLOPS, "-"), ("FP32 units", FP32_TFLOPS, "--")):
+        axis.plot(intensity, np.minimum(COPY_CEILING_TBPS * intensity, peak), color="black", linestyle=style,
+                  linewidth=1, label=f"roof: {COPY_CEILING_TBPS} TB/s x intensity, {label} {peak} TFLOP/s")  # fmt: skip
+    for variant in ("cublas", "tiled", "gemv"):
+        points = [(r["tflops"] / r["tbps"], r["tflops"]) for r in data["results"] if r["variant"] == variant]
+        if points:
+            x, y = zip(*points)
+            axis.scatter(x, y, s=14, label=variant, color=VARIANT_COLORS[variant], zorder=3)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    axis.set_ylabel("TFLOP/s achieved")
+    axis.legend(fontsize=7, loc="upper left")
+    axis.grid(alpha=0.3, which="both")
+    axis.set_title(f"The roofline of every product in bench_gemm: {measured_by(data)}", fontsize=9)
+    figure.tight_layout()
+    return save(figure, figures / "roofline.png")
 
 
 def bars_line(bars: dict) -> str:
@@ -107,7 +138,7 @@ def elementwise(data: dict, figures: Path) -> tuple[list[str], str]:
 def attention(data: dict, figures: Path) -> tuple[list[str], str]:
     decode, prefill = data["decode"], data["prefill"]
     batches = sorted({r["batch"] for r in decode})
-    figure, axes = plt.subplots(1, len(batches), figsize=(3.3 * len(batches), 3.2), sharey=True)
+    figure, axes = plt.subplots(1, len(batches), figsize=(8, 3.4), sharey=True)
     for axis, batch in zip(np.atleast_1d(axes), batches):
         rows = sorted((r for r in decode if r["batch"] == batch), key=lambda r: r["context"])
         contexts = [r["context"] for r in rows]
@@ -156,7 +187,7 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
     vocabs = sorted({r["vocab"] for r in rows})
     ops = list(dict.fromkeys(r["op"] for r in rows))
     counts = sorted({r["rows"] for r in rows})
-    figure, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 3.4), sharey=True)
+    figure, axes = plt.subplots(len(vocabs), 1, figsize=(7.5, 2.9 * len(vocabs)), sharey=True)
     for axis, vocab in zip(np.atleast_1d(axes), vocabs):
         x = np.arange(len(ops))
         width = 0.8 / len(counts)
@@ -165,9 +196,9 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
                             == (op, vocab, count, "flat")), 0) for op in ops]  # fmt: skip
             axis.bar(x + (offset - (len(counts) - 1) / 2) * width, values, width, label=f"S = {count}")
         axis.axhline(data["bar_us"], color="black", linestyle=":", linewidth=1)
-        axis.set_xticks(x, [op.removeprefix("sample_") for op in ops], fontsize=7, rotation=30)
-        axis.set_title(f"V = {vocab}, flat logits", fontsize=8)
-    np.atleast_1d(axes)[0].set_ylabel("µs per call")
+        axis.set_xticks(x, [op.removeprefix("sample_") for op in ops], fontsize=8, rotation=20)
+        axis.set_title(f"V = {vocab}, flat logits", fontsize=9)
+        axis.set_ylabel("µs per call")
     np.atleast_1d(axes)[0].legend(fontsize=7)
     figure.suptitle(f"Sampling (dotted: the {data['bar_us']:.0f} µs bar): {measured_by(data)}", fontsize=9)
     figure.tight_layout()

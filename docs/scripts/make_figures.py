@@ -8,7 +8,9 @@ docs/generated/perf/<bench>.md: who measured it (device, date, git revision), th
 the figures and a table of the numbers; the performance page includes those files. A
 benchmark without a JSON is skipped with a message, and its table file says that the numbers
 are pending. The batching and preemption timelines need no GPU (`timelines.py`: the real
-Scheduler over a fake model), nor does the prefix cache's hash chain (`prefix_cache_figure.py`).
+Scheduler over a fake model), nor does the prefix cache's hash chain (`prefix_cache_figure.py`),
+nor the chapters' concept figures, computed by the engine's own code on the CPU
+(`model_figures.py`, `inference_figures.py`).
 Matplotlib runs headless (Agg). Each benchmark's figures and
 table are drawn in `kernel_figures.py` or `engine_figures.py`.
 """
@@ -22,7 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
 from engine_figures import ablation, decode, profile, registers, serve, throughput, timeline  # noqa: E402
+from inference_figures import inference_figures  # noqa: E402
 from kernel_figures import attention, elementwise, gemm, sampling  # noqa: E402
+from model_figures import model_figures  # noqa: E402
 from prefix_cache_figure import hash_chain_figure  # noqa: E402
 from timelines import ROOT, simulated_figures  # noqa: E402
 
@@ -58,11 +62,13 @@ def pending(bench: Benchmark) -> str:
 
 
 def results_page(bench: Benchmark, data: dict, names: list[str], body: str) -> str:
+    """The provenance line and the figures in view, the numbers folded (pymdownx.details)."""
     images = "\n\n".join(f"![{bench.name}: {name}](figures/{name})" for name in names)
     note = f" {data['note']}" if "note" in data else ""
+    folded = "\n".join(f"    {line}" if line else "" for line in body.splitlines())
     return (
         f"Measured on **{data['device']}**, {data['date']}, git `{data['git_rev']}`, by\n"
-        f"`{data['command']}`.{note}\n\n{images}\n\n{body}\n"
+        f'`{data["command"]}`.{note}\n\n{images}\n\n??? note "The numbers of {bench.name}"\n\n{folded}\n'
     )
 
 
@@ -71,6 +77,8 @@ def run(results: Path, figures: Path, tables: Path) -> None:
     tables.mkdir(parents=True, exist_ok=True)
     simulated_figures(figures)
     hash_chain_figure(figures)
+    model_figures(figures)
+    inference_figures(figures)
     for bench in BENCHMARKS:
         path = results / f"{bench.name}.json"
         if not path.exists():

@@ -77,18 +77,26 @@ def decode_step_ops(scratch: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def step_metadata() -> str:
-    """build_step on a batch of two decodes and a prefill chunk, with block_size 4 to keep it short."""
-    block_size, max_blocks = 4, 5
+EXAMPLE_BLOCK_SIZE, EXAMPLE_MAX_BLOCKS = 4, 5
+
+
+def example_batch() -> ScheduledBatch:
+    """Two decodes and a prefill chunk, with block_size 4 to keep it short: the batch of the
+    step_metadata example and of the block-table figures."""
     a = Sequence("A", list(range(100, 109)), SamplingParams(temperature=0.0, seed=1))  # decodes position 8
     a.num_computed_tokens, a.block_table = 8, [7, 2, 5]
     b = Sequence("B", list(range(200, 206)), SamplingParams(temperature=0.7, top_p=0.9, seed=2))  # position 5
     b.num_computed_tokens, b.block_table = 5, [0, 3]
     c = Sequence("C", list(range(300, 311)), SamplingParams(temperature=0.0, seed=3))  # positions 6 .. 10
     c.num_computed_tokens, c.block_table = 6, [4, 1, 6]
-    batch = ScheduledBatch(seqs=[a, b, c], num_scheduled_tokens=np.array([1, 1, 5], dtype=np.int32),
-                           samples=np.array([True, True, True]), num_decodes=2)  # fmt: skip
-    step = build_step(batch, block_size, max_blocks)
+    return ScheduledBatch(seqs=[a, b, c], num_scheduled_tokens=np.array([1, 1, 5], dtype=np.int32),
+                          samples=np.array([True, True, True]), num_decodes=2)  # fmt: skip
+
+
+def step_metadata() -> str:
+    """build_step on the example batch."""
+    block_size = EXAMPLE_BLOCK_SIZE
+    step = build_step(example_batch(), block_size, EXAMPLE_MAX_BLOCKS)
     lines = [
         f"block_size {block_size}; A and B decode one token each, C computes prompt tokens 6..10 (the rest of it).",
         "A: 9 tokens, 8 in the cache, blocks [7, 2, 5]",

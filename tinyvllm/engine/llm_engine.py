@@ -109,12 +109,18 @@ class LLMEngine:
         *,
         final_only: bool = False,
     ) -> str:
-        """Queue a prompt (text, token ids or a dict prompt); returns its request id. A bad
-        request raises ValueError naming the problem and leaves the engine as it was.
+        """Queue a prompt; returns its request id. A bad request raises ValueError naming
+        the problem and leaves the engine as it was.
 
-        `final_only` (vLLM's RequestOutputKind.FINAL_ONLY): `step()` reports the request
-        only when it finishes, and its text is decoded once, at the end, instead of token
-        by token (unless stop strings need the text as it grows).
+        Args:
+            prompt: text (no chat template is applied), a list of token ids, or a dict prompt
+                ({"prompt": text} or {"prompt_token_ids": ids}).
+            params: the request's sampling; None takes the model's `generation_config.json`
+                defaults (`default_sampling_params`).
+            request_id: the id its outputs carry; None numbers the requests "0", "1", ... in order.
+            final_only: vLLM's RequestOutputKind.FINAL_ONLY: `step()` reports the request
+                only when it finishes, and its text is decoded once, at the end, instead of
+                token by token (unless stop strings need the text as it grows).
         """
         params = params if params is not None else self.default_sampling_params()
         params.validate_for_vocab(self.config.vocab_size)
@@ -130,7 +136,11 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its completions) now and free its KV blocks; False if it was
-        not running or waiting."""
+        not running or waiting.
+
+        Args:
+            request_id: the id `add_request` returned.
+        """
         aborted = self.scheduler.abort(request_id)
         self._forget(request_id)
         return aborted

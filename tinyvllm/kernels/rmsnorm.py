@@ -87,6 +87,7 @@ def _normalize_and_store(words, gains, eps, out_row):
 # The weight is loaded first: no kernel writes it, so its loads go out before the wait for
 # the kernel ahead (`pdl`), and in any case before the block-wide sum's barriers, which
 # the compiler may not move a load past.
+# --8<-- [start:kernel]
 @cuda.jit
 def _rmsnorm_kernel(x, weight, eps, out):
     allow_dependent_launch()
@@ -96,6 +97,9 @@ def _rmsnorm_kernel(x, weight, eps, out):
     words = cuda.local.array((VECTORS_PER_THREAD, 4), uint32)
     _load_row(x[cuda.blockIdx.x], words)
     _normalize_and_store(words, gains, eps, out[cuda.blockIdx.x])
+
+
+# --8<-- [end:kernel]
 
 
 def _threads_for(hidden: int) -> int:
