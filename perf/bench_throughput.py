@@ -2,12 +2,15 @@
 HF transformers as the peer; plus prefill throughput.
 
     python -m perf.bench_throughput [--model llama-1b] [--requests 256] [--no-peer]
+                                    [--no-enable-prefix-caching]
 
 Workload: 256 requests, prompt and output lengths uniform in [100, 1024], seed 0, EOS
 ignored (tinyvllm.benchmark.nano_vllm_workload). The peer runs `generate` on a
 64-request subset as one left-padded batch, greedy, until the longest output; its useful
 tokens are the subset's requested output lengths. Prefill: 64 prompts x 1024 tokens, one
-output token each. Results: perf/results/bench_throughput.json.
+output token each, on the engine that ran the continuous workload (with the prefix cache
+on, its arena is then full of cached blocks, which the prefill's allocations evict).
+Results: perf/results/bench_throughput.json.
 """
 
 import argparse
@@ -73,15 +76,25 @@ def main() -> None:
         "--num-blocks", type=int, help="KV blocks (16 tokens each); default: sized by gpu_memory_utilization 0.9"
     )
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     args = parser.parse_args()
 
     directory = model_dir(args.model)
     config = ModelConfig.from_dir(directory)
     workload = nano_vllm_workload(config.vocab_size, args.requests)
-    results = {"model": args.model, "workload": {"requests": args.requests, "output_tokens": workload.output_tokens}}
+    results = {
+        "model": args.model,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "workload": {"requests": args.requests, "output_tokens": workload.output_tokens},
+    }
     for mode in ("continuous", "static"):
         llm = LLM(
-            directory, mode=mode, max_model_len=4096, enforce_eager=args.enforce_eager, num_blocks=args.num_blocks
+            directory,
+            mode=mode,
+            max_model_len=4096,
+            enforce_eager=args.enforce_eager,
+            num_blocks=args.num_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
         )
         throughput(llm, Workload(workload.prompts[:4], [4] * 4))
         results[mode] = throughput(llm, workload)

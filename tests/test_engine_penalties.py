@@ -1,9 +1,13 @@
 """Penalties, min_p and min_tokens end to end, against a greedy loop written here.
 
-The loop asks a NumPy engine for the logits after each prefix (a fresh prefill each time)
-and applies the penalties with its own counts, so the engine's slots, device counts and
-their refill after preemption are all judged by an oracle that has none of them.
+The loop asks for the logits after each prefix (here a NumPy engine's fresh prefill each
+time; transformers' in tests/test_reference_forward.py) and applies the penalties with its
+own counts, so the engine's slots, device counts and their refill after preemption are all
+judged by an oracle that has none of them.
 """
+
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pytest
@@ -23,13 +27,21 @@ def tiny_model(tmp_path_factory):
 
 
 def greedy_loop(
-    reference: LLM, prompt, max_tokens, presence=0.0, frequency=0.0, repetition=1.0, stops=(), min_tokens=0
+    logits_after: Callable[[list[int]], np.ndarray],
+    prompt,
+    max_tokens,
+    presence=0.0,
+    frequency=0.0,
+    repetition=1.0,
+    stops=(),
+    min_tokens=0,
 ):
     """Greedy tokens after prompt with OpenAI's and vLLM's penalties, stopping at a stop
-    token once min_tokens tokens are out (before that, stop tokens are masked)."""
+    token once min_tokens tokens are out (before that, stop tokens are masked);
+    logits_after(token ids) is the model's next-token logits."""
     tokens = []
     while len(tokens) < max_tokens:
-        logits = next_token_logits(reference, prompt + tokens)
+        logits = logits_after(prompt + tokens)
         counts = np.bincount(np.array(tokens, dtype=np.int64), minlength=logits.size)
         seen = np.zeros(logits.size, bool)
         seen[prompt + tokens] = True
@@ -54,10 +66,10 @@ def test_penalized_greedy_matches_the_loop_with_preemption_and_plain_rows(tiny_m
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, **PENALTIES) for _ in prompts]
     params[1] = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     expected = [
-        greedy_loop(reference, prompt, 12, **({} if index == 1 else _loop_penalties()))
+        greedy_loop(partial(next_token_logits, reference), prompt, 12, **({} if index == 1 else _loop_penalties()))
         for index, prompt in enumerate(prompts)
     ]
-    plain = [greedy_loop(reference, prompt, 12) for prompt in prompts]
+    plain = [greedy_loop(partial(next_token_logits, reference), prompt, 12) for prompt in prompts]
     assert expected[0] != plain[0] and expected[2] != plain[2]  # the penalties change the tokens
     for limits in ({"num_blocks": 256}, {"num_blocks": 12}):
         llm = LLM(tiny_model, backend="numpy", block_size=4, max_num_seqs=4, **limits)
@@ -84,7 +96,7 @@ def test_min_tokens_holds_back_eos_that_greedy_would_pick_first(tiny_model, tmp_
     llm = LLM(stopping, backend="numpy")
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10))[0]
     assert (out.outputs[0].token_ids, out.outputs[0].finish_reason) == ([first], "stop")
-    expected = greedy_loop(llm, prompt, 10, stops=(int(first),), min_tokens=4)
+    expected = greedy_loop(partial(next_token_logits, llm), prompt, 10, stops=(int(first),), min_tokens=4)
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4))[0]
     assert out.outputs[0].token_ids == expected
     assert first not in out.outputs[0].token_ids[:4]
@@ -122,8 +134,8 @@ def test_cuda_backend_penalties_and_min_tokens_match_the_loop(tmp_path):
         ),
     ]
     expected = [
-        greedy_loop(reference, prompts[0], max_tokens, **_loop_penalties()),
-        greedy_loop(reference, prompts[1], max_tokens, stops=(int(stop),), min_tokens=2),
+        greedy_loop(partial(next_token_logits, reference), prompts[0], max_tokens, **_loop_penalties()),
+        greedy_loop(partial(next_token_logits, reference), prompts[1], max_tokens, stops=(int(stop),), min_tokens=2),
     ]
     llm = LLM(model, backend="cuda", linear_backend="tiled" if SIMULATOR else "auto", num_blocks=64, **limits)
     assert [out.outputs[0].token_ids for out in llm.generate(prompts, params)] == expected

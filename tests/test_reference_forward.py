@@ -5,6 +5,8 @@ SmolLM2 (real weights, chat prompts through each side's own chat template) and a
 random Llama with llama3 rope scaling whose prompts run past original_max_position_embeddings.
 """
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.helpers import next_token_logits
 from tests.hub_fixtures import hub_cache, smollm2_dir  # noqa: F401  (fixtures)
 from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
+from tests.test_engine_penalties import greedy_loop
 from tinyvllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -76,3 +79,18 @@ def test_llama3_rope_scaling_beyond_original_context_matches_transformers(tmp_pa
         _assert_logits_close(next_token_logits(llm, prompt_ids), _hf_logits(model, prompt_ids))
         ours = llm.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].outputs[0]
         assert ours.token_ids == _hf_greedy(model, prompt_ids, 24)[: len(ours.token_ids)]
+
+
+def test_smollm2_penalized_greedy_matches_a_loop_over_transformers_logits(smollm2_dir):  # noqa: F811
+    """The engine's presence, frequency and repetition penalties against the greedy loop of
+    tests/test_engine_penalties.py over transformers' logits: the same tokens."""
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    llm = LLM(smollm2_dir, backend="numpy", activation_dtype="float32", max_model_len=1024)
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.3}
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, **penalties)
+    for text in CHATS:
+        prompt_ids = llm.tokenizer.encode_chat([{"role": "user", "content": text}])
+        ours = llm.generate([prompt_ids], params, use_tqdm=False)[0].outputs[0].token_ids
+        theirs = greedy_loop(partial(_hf_logits, model), prompt_ids, 16, presence=0.5, frequency=0.3, repetition=1.3)
+        assert ours == theirs, text
+        assert theirs != greedy_loop(partial(_hf_logits, model), prompt_ids, 16), "the penalties change nothing here"

@@ -12,7 +12,7 @@ runs out. `acquire` gives a cached block one more owner (taking it off that list
 """
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,8 +28,7 @@ def block_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
     return hash((parent_key, token_ids))
 
 
-@dataclass(frozen=True)
-class CachedBlock:
+class CachedBlock(NamedTuple):
     """What a cached block holds: its key, its token ids, and the parent it was chained to."""
 
     key: int
@@ -46,7 +45,7 @@ class PrefixCachingAllocator(BlockAllocator):
         self._by_key: dict[int, int] = {}
         self._cached: dict[int, CachedBlock] = {}
         self._unowned: OrderedDict[int, None] = OrderedDict()  # cached, no owner: oldest first
-        self._generation = np.zeros(num_blocks, dtype=np.int64)  # bumped when a block is registered
+        self._generation = [0] * num_blocks  # bumped when a block is registered (a list: read per block)
         self._registered_at: dict[int, int] = {}  # cached block -> registration order
         self._num_registered = 0
 
@@ -72,10 +71,10 @@ class PrefixCachingAllocator(BlockAllocator):
         """n block ids, each with one owner: free ones, and when they run out, unowned cached
         ones, evicted oldest first onto the free stack."""
         if n <= self.num_free:  # otherwise super() refuses it before anything is evicted
-            for _ in range(max(n - self._top, 0)):
-                block_id, _ = self._unowned.popitem(last=False)
+            evicted = [self._unowned.popitem(last=False)[0] for _ in range(max(n - self._top, 0))]
+            for block_id in evicted:
                 self._evict(block_id)
-                super()._release(np.array([block_id], dtype=np.int32))
+            super()._release(np.array(evicted, dtype=np.int32))
         return super().allocate(n)
 
     # --8<-- [end:allocate]
@@ -106,7 +105,7 @@ class PrefixCachingAllocator(BlockAllocator):
             blocks.append(block_id)
             keys.append(key)
             parent_key, parent_block = key, block_id
-            parent_generation = int(self._generation[block_id])
+            parent_generation = self._generation[block_id]
         return blocks, keys
 
     # --8<-- [end:lookup]
@@ -120,7 +119,7 @@ class PrefixCachingAllocator(BlockAllocator):
         key = block_hash(parent_key, token_ids)
         if key in self._by_key or block_id in self._cached:
             return key
-        parent_generation = int(self._generation[parent_block]) if parent_block >= 0 else 0
+        parent_generation = self._generation[parent_block] if parent_block >= 0 else 0
         self._generation[block_id] += 1
         self._cached[block_id] = CachedBlock(key, token_ids, parent_block, parent_generation)
         self._by_key[key] = block_id
@@ -131,11 +130,13 @@ class PrefixCachingAllocator(BlockAllocator):
     def _release(self, released: np.ndarray) -> None:
         """Cached blocks wait, unowned, to be found or evicted, the latest registered of one
         release first (a sequence's tail goes before the prefix it extends); others go free."""
-        cached = [b for b in released.tolist() if b in self._cached]
+        cached, uncached = [], []
+        for block_id in released.tolist():
+            (cached if block_id in self._cached else uncached).append(block_id)
         cached.sort(key=lambda b: -self._registered_at[b])
         for block_id in cached:
             self._unowned[block_id] = None
-        super()._release(released[~np.isin(released, cached)])
+        super()._release(np.array(uncached, dtype=np.int32))
 
     def _evict(self, block_id: int) -> None:
         entry = self._cached.pop(block_id)
