@@ -5,7 +5,8 @@
     POST /v1/chat/completions  messages -> assistant message
     GET  /health               200 while the engine thread runs; 503 once it stopped, or while
                                one step has run past the stall timeout
-    GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: JSON
+    GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: the
+                               engine's stats as JSON
 
 Both generation endpoints stream server-sent events with `"stream": true` (per step, one chunk
 for each choice whose text that step made final, then `data: [DONE]`), and answer with one JSON
@@ -95,7 +96,7 @@ class OpenAIServer:
         self.config = config
         self.defaults = engine.engine.default_sampling_params()
         self.created = int(time.time())
-        self.request_metrics = ServerMetrics()
+        self.request_metrics = ServerMetrics(config.served_model_name, engine.stats)
 
     def app(self) -> Starlette:
         routes = [
@@ -131,8 +132,7 @@ class OpenAIServer:
     async def metrics(self, request: Request) -> Response:
         if request.query_params.get("format") == "json":
             return JSONResponse(self.engine.stats())
-        text = self.request_metrics.render(self.engine.stats(), self.config.served_model_name)
-        return Response(text, media_type=CONTENT_TYPE)
+        return Response(self.request_metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.config.served_model_name, "object": "model", "created": self.created,
