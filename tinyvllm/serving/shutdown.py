@@ -1,5 +1,5 @@
-"""How `tinyvllm serve` stops: SIGTERM (or Ctrl-C) ends the open requests at once and the
-process with exit status 0.
+"""How `tinyvllm serve` stops: SIGTERM (or Ctrl-C) ends the open requests at once, and after
+SIGTERM the process exits with status 0.
 
 uvicorn alone, on SIGTERM, waits up to its graceful timeout for the open responses, which a
 long generation never ends, then cancels them (a traceback for each) and re-raises the
