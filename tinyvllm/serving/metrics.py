@@ -89,19 +89,18 @@ class ServerMetrics:
         self.labels = {"model_name": model_name}
         self.registry.register(_EngineCollector(stats, model_name))
 
-        def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, help_text, ["model_name", *labels], registry=self.registry)
+        def counter(name: str, help_text: str) -> Counter:
+            return Counter(PREFIX + name, help_text, ["model_name"], registry=self.registry).labels(model_name)
 
         def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
             metric = Histogram(PREFIX + name, help_text, ["model_name"], buckets=buckets, registry=self.registry)
             return metric.labels(model_name)
 
-        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.").labels(model_name)
-        self._generation_tokens = counter("generation_tokens", "Generated tokens of finished requests.").labels(
-            model_name
-        )
-        self._success = counter("request_success", "Finished requests by finish reason (a request with n "
-                                "completions counts once for each).", ("finished_reason",))  # fmt: skip
+        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self._generation_tokens = counter("generation_tokens", "Generated tokens of finished requests.")
+        success_help = "Finished requests by finish reason (a request with n completions counts once for each)."
+        self._success = Counter(PREFIX + "request_success", success_help, ["model_name", "finished_reason"],
+                                registry=self.registry)  # fmt: skip
         self._ttft = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS_S)
         inter_token_help = "Time between successive tokens of a completion (the ends of the steps that made them)."
         self._inter_token = histogram("inter_token_latency_seconds", inter_token_help, INTER_TOKEN_BUCKETS_S)
