@@ -45,6 +45,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve(args: list[str], startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     """Run `tinyvllm serve ARGS --host 127.0.0.1 --port <free>`; yield "http://127.0.0.1:<port>"."""
+    with serve_process(args, startup_timeout_s) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process(
+    args: list[str], startup_timeout_s: float = STARTUP_TIMEOUT_S
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`serve`, yielding the process too (its output goes to `process.log`, a temporary file)."""
     port = free_port()
     command = [sys.executable, "-c", "import sys; from tinyvllm.cli import main; main(sys.argv[1:])",
                "serve", *args, "--host", LOOPBACK, "--port", str(port)]  # fmt: skip
@@ -52,9 +61,10 @@ def serve(args: list[str], startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iter
     url = f"http://{LOOPBACK}:{port}"
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process.log = log
         try:
             _wait_until_healthy(url, process, log, startup_timeout_s)
-            yield url
+            yield url, process
         finally:
             process.terminate()
             try:

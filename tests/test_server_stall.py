@@ -1,6 +1,7 @@
-"""A step that will not end: /health says the engine is stalled, and shutdown does not wait
-for the step (in process, Starlette's TestClient over a tiny NumPy engine whose step is held
-on an event, so the test decides how long a step runs)."""
+"""A step that will not end: /health says the engine is stalled, a bad request is still refused
+at once (its checks do not wait for the engine thread) while a good one queues, and shutdown
+does not wait for the step (in process, Starlette's TestClient over a tiny NumPy engine whose
+step is held on an event, so the test decides how long a step runs)."""
 
 import asyncio
 import threading
@@ -55,6 +56,47 @@ def test_health_reports_a_step_past_the_stall_timeout_then_recovers(held_engine)
         request.join(60)
         assert answers[0].status_code == 200
         assert client.get("/health").json() == {"status": "ok"}
+
+
+REFUSED_AT_ONCE_S = 1.0
+BAD_REQUESTS = [  # (path, body, the field the 400 names): checks of the server, then of the engine
+    ("/v1/completions", {"prompt": "Hello", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "Hello", "max_tokens": 250}, "max_tokens"),
+    ("/v1/completions", {"prompt": [1, 10**6]}, "prompt"),
+    ("/v1/completions", {"prompt": [65] * 257}, "prompt"),
+    ("/v1/completions", {"prompt": "Hello", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 255}, "max_tokens"),
+]
+
+
+def post_in_thread(client: TestClient, path: str, body: dict, answers: list) -> threading.Thread:
+    """Start posting `body`; its response is appended to `answers`."""
+    thread = threading.Thread(target=lambda: answers.append(client.post(path, json=body)))
+    thread.start()
+    return thread
+
+
+def test_bad_requests_are_refused_at_once_while_a_step_runs_and_good_ones_queue(held_engine):
+    engine, entered, release = held_engine
+    with client_for(engine) as client:
+        answers = []
+        running = post_in_thread(client, "/v1/completions", BODY, answers)
+        assert entered.wait(30)
+        queued = post_in_thread(client, "/v1/completions", {**BODY, "prompt": "Queued"}, answers)
+        try:
+            for path, body, param in BAD_REQUESTS:
+                refusal = []
+                post_in_thread(client, path, body, refusal).join(REFUSED_AT_ONCE_S)
+                assert refusal, f"{body} was not answered within {REFUSED_AT_ONCE_S} s while a step ran"
+                assert refusal[0].status_code == 400 and refusal[0].json()["error"]["param"] == param, refusal[0].text
+            assert running.is_alive() and queued.is_alive() and not answers, "the step is still held"
+            stats = client.get("/metrics", params={"format": "json"}).json()
+            assert stats["num_requests_rejected"] == 3  # the engine's checks (the server's own come first)
+        finally:
+            release.set()
+        running.join(60)
+        queued.join(60)
+        assert [answer.status_code for answer in answers] == [200, 200]
 
 
 def test_shutdown_does_not_wait_for_a_step_that_will_not_end(held_engine):

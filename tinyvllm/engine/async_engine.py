@@ -16,6 +16,13 @@ costs nothing. Outputs are cumulative (whole text so far), so a consumer that fa
 skips to the newest one and loses nothing. `stats()` is a snapshot the thread publishes
 before it sends anything, so a client that has its answer finds it counted there.
 
+A request is checked before it is queued (`LLMEngine.check_request`, in the caller's
+thread: tokenizing, the vocabulary, the context and the KV cache's size), so a bad one is
+refused at once even while a long step runs; only what depends on the engine's state (a
+request id in use) is left to the engine thread. Each stream records, for each completion,
+when the steps that gave it tokens ended (`token_times`), which the server's latency metrics
+read: exact even for a consumer that skipped outputs.
+
 If a step raises, the thread fails every open request with EngineClosedError, re-raises
 (the traceback goes to stderr) and refuses requests from then on, as does `shutdown()`.
 `step_seconds()` says how long the step in progress has run, so that a health check can
@@ -35,6 +42,12 @@ from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 
 _ACCEPTED = object()  # the first item on a stream's queue when add_request succeeded
+
+
+@dataclass
+class _Output:
+    output: RequestOutput
+    time: float  # time.perf_counter() when the step that made it ended
 
 
 class EngineClosedError(RuntimeError):
@@ -65,6 +78,7 @@ class RequestStream:
         self.finished = False
         self._engine = engine
         self.items: asyncio.Queue = asyncio.Queue()
+        self.token_times: list[list[float]] = []  # by completion: when each step that gave it a token ended
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -72,13 +86,23 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self.items.get()
+        item = self._note(await self.items.get())
         while not self.items.empty():  # outputs are cumulative: the newest one says it all
-            item = self.items.get_nowait()
+            item = self._note(self.items.get_nowait())
         if isinstance(item, Exception):
             self.finished = True
             raise item
-        self.finished = item.finished
+        self.finished = item.output.finished
+        return item.output
+
+    def _note(self, item: object) -> object:
+        """Record the step time of each completion that this output (one step's) gave a token; return the item."""
+        if isinstance(item, _Output):
+            completions = item.output.outputs
+            self.token_times = self.token_times or [[] for _ in completions]
+            for completion, times in zip(completions, self.token_times):
+                if len(completion.token_ids) > len(times):
+                    times.append(item.time)
         return item
 
     def abort(self) -> None:
@@ -98,6 +122,7 @@ class AsyncEngine:
         self._closed: EngineClosedError | None = None
         self._thread = threading.Thread(target=self._run, name="tinyvllm-engine", daemon=True)
         self._counters = {"num_requests_served": 0, "num_requests_aborted": 0, "num_requests_rejected": 0}
+        self._refused_before_queueing = 0  # under _lock: callers' threads count these
         self._step_began: float | None = None  # time.monotonic() when the step in progress began
         self._stats = self._snapshot()
 
@@ -124,12 +149,23 @@ class AsyncEngine:
         return self._closed is None and self._thread.is_alive()
 
     def stats(self) -> dict:
-        """Scheduler state and request counters, as of the engine thread's last iteration."""
-        return dict(self._stats)
+        """Scheduler state and request counters, as of the engine thread's last iteration (and
+        the requests refused before they were queued, as of now)."""
+        stats = dict(self._stats)
+        with self._lock:
+            stats["num_requests_rejected"] += self._refused_before_queueing
+        return stats
 
     async def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str) -> RequestStream:
         """Queue a request; returns its stream once the engine has accepted it. Raises the
-        engine's ValueError for a bad request and EngineClosedError once the engine stopped."""
+        engine's ValueError for a bad request (without waiting for the engine thread, when the
+        request alone is at fault) and EngineClosedError once the engine stopped."""
+        try:
+            self.engine.check_request(prompt, params)
+        except ValueError:
+            with self._lock:
+                self._refused_before_queueing += 1
+            raise
         stream = RequestStream(request_id, self)
         self._put(_Add(prompt, params, stream))
         try:
@@ -212,15 +248,16 @@ class AsyncEngine:
         self._post(stream, error)
 
     def _route(self, outputs: list[RequestOutput]) -> None:
+        now = time.perf_counter()
         for output in outputs:
             stream = self._streams[output.request_id]
             if output.finished:
                 del self._streams[output.request_id]
                 self._counters["num_requests_served"] += 1
-            self._post(stream, output)
+            self._post(stream, _Output(output, now))
 
     def _post(self, stream: RequestStream, item: object) -> None:
-        """Queue an output, an exception or _ACCEPTED for `stream`; `_send` delivers it."""
+        """Queue an _Output, an exception or _ACCEPTED for `stream`; `_send` delivers it."""
         self._outbox[stream.loop].append((stream.items, item))
 
     def _send(self) -> None:

@@ -123,16 +123,25 @@ class LLMEngine:
                 token by token (unless stop strings need the text as it grows).
         """
         params = params if params is not None else self.default_sampling_params()
-        params.validate_for_vocab(self.config.vocab_size)
+        text, token_ids = self.check_request(prompt, params)
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.randrange(SEED_LIMIT))
-        text, token_ids = self._tokenize(prompt)
         request_id = request_id if request_id is not None else str(next(self._request_ids))
         seqs = new_sequences(request_id, token_ids, params, prompt=text)
         self.scheduler.add(seqs)
         detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in seqs]
         self._requests[request_id] = _Request(seqs, detokenizers, final_only, [False] * len(seqs))
         return request_id
+
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
+        """The prompt's text (None for token ids) and token ids, once every check of add_request
+        that does not depend on the engine's state has passed (ValueError naming the problem).
+        It reads only the configuration and the tokenizer, so a server's thread may call it
+        while the engine's thread steps."""
+        params.validate_for_vocab(self.config.vocab_size)
+        text, token_ids = self._tokenize(prompt)
+        self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        return text, token_ids
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its completions) now and free its KV blocks; False if it was

@@ -106,20 +106,23 @@ class Scheduler:
         for member in group:
             if member.status is not SequenceStatus.WAITING or member.num_computed_tokens or member.block_table:
                 raise ValueError(f"only new sequences can be added, got {member!r}")
+        self.check_fits(seq.num_prompt_tokens, seq.sampling_params.max_tokens)
+        self.waiting.extend(group)
+        self._unfinished[seq.request_id] = list(group)
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """ValueError unless such a request could run to completion; reads constants only (any thread)."""
         max_model_len = self.config.max_model_len
-        prompt_len = seq.num_prompt_tokens
         if prompt_len > max_model_len:
             raise ValueError(f"prompt of {prompt_len} tokens is longer than max_model_len {max_model_len}")
         # The longest token list it can reach; the last sampled token is never computed.
-        longest = min(prompt_len + seq.sampling_params.max_tokens, max(max_model_len, prompt_len + 1))
+        longest = min(prompt_len + max_tokens, max(max_model_len, prompt_len + 1))
         needed = blocks_needed(longest - 1, self.config.block_size)
         if needed > self.allocator.num_blocks:
             raise ValueError(
-                f"prompt of {prompt_len} tokens with max_tokens {seq.sampling_params.max_tokens} "
+                f"prompt of {prompt_len} tokens with max_tokens {max_tokens} "
                 f"needs {needed} KV-cache blocks, the cache has {self.allocator.num_blocks}"
             )
-        self.waiting.extend(group)
-        self._unfinished[seq.request_id] = list(group)
 
     # --8<-- [end:add]
 

@@ -1,52 +1,50 @@
-"""The server's Prometheus metrics (`GET /metrics`), written by hand in the text exposition format.
+"""The server's Prometheus metrics (`GET /metrics`), through prometheus_client.
 
-The names are vLLM's, so dashboards and alerts built for `vllm serve` read tinyvllm unchanged:
-gauges of the scheduler (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
-`vllm:kv_cache_usage_perc`), counters of tokens, preemptions, prefix-cache queries and hits
-(`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`, in tokens) and finished requests
-(`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_preemptions_total`,
-`vllm:request_success_total` by finish reason), and histograms of time to first token and
-end-to-end latency. Every sample carries the `model_name` label, as vLLM's do.
+vLLM's metric names under the `tinyvllm:` prefix, so a dashboard built for `vllm serve` reads
+tinyvllm once its queries name the prefix: gauges of the scheduler (`tinyvllm:num_requests_running`,
+`tinyvllm:num_requests_waiting`, `tinyvllm:kv_cache_usage_perc`), counters of preemptions and of
+prefix-cache queries and hits (in tokens), counters of finished requests' tokens
+(`tinyvllm:prompt_tokens_total`, `tinyvllm:generation_tokens_total`) and of finished requests by
+finish reason (`tinyvllm:request_success_total`), and histograms of time to first token,
+inter-token latency and end-to-end latency with vLLM's bucket edges. tinyvllm's own counters of
+aborted and refused requests sit beside them. Every sample carries the `model_name` label.
 
-Gauges and the preemption count come from the engine thread's published stats; token counts
-and latencies are observed here, as each request's outputs pass through the server.
+The gauges and the engine's counters are read from the engine thread's published snapshot
+(AsyncEngine.stats()) when /metrics is scraped; tokens and latencies are observed here, as each
+request's outputs pass through the server. Each server has its own CollectorRegistry, so two
+servers in one process keep apart.
 """
 
 import time
-from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from tinyvllm.engine.async_engine import RequestStream
 from tinyvllm.engine.sequence import RequestOutput
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
-
-
-@dataclass
-class Histogram:
-    """Cumulative-bucket histogram of seconds, as Prometheus exposes one."""
-
-    buckets: tuple[float, ...]
-    counts: list[int] = field(init=False)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        for index, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[index] += 1
-        self.total += value
-        self.count += 1
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        rows = [f'{name}_bucket{{{labels},le="{bound}"}} {n}' for bound, n in zip(self.buckets, self.counts)]
-        rows.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
-        return [*rows, f"{name}_sum{{{labels}}} {self.total}", f"{name}_count{{{labels}}} {self.count}"]
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "tinyvllm:"
+# vLLM's bucket edges (vllm/v1/metrics/loggers.py, PrometheusStatLogger)
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+INTER_TOKEN_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                         20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+ENGINE_GAUGES = {"num_requests_running": "Requests in the running batch.",
+                 "num_requests_waiting": "Requests waiting to be scheduled."}  # fmt: skip
+"""AsyncEngine.stats() keys exposed as gauges of the same name."""
+ENGINE_COUNTERS = {
+    "num_preemptions": "Preemptions since start.",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "num_requests_aborted": "Requests aborted (their client left).",
+    "num_requests_rejected": "Requests refused with an error.",
+}
+"""AsyncEngine.stats() keys exposed as counters of the same name (with `_total`)."""
 
 
 @dataclass
@@ -60,75 +58,92 @@ class RequestRecord:
     generation_tokens: int | None = None
 
 
+class _EngineCollector:
+    """The engine thread's snapshot as gauges and counters, read at each scrape."""
+
+    def __init__(self, stats: Callable[[], dict], model_name: str) -> None:
+        self.stats = stats
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats()
+        for key, help_text in ENGINE_GAUGES.items():
+            yield self._family(GaugeMetricFamily, key, help_text, stats[key])
+        yield self._family(GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 is full).",
+                           kv_cache_usage(stats))  # fmt: skip
+        for key, help_text in ENGINE_COUNTERS.items():
+            yield self._family(CounterMetricFamily, key, help_text, stats[key])
+
+    def _family(self, kind: type, name: str, help_text: str, value: float) -> Metric:
+        family = kind(PREFIX + name, help_text, labels=["model_name"])
+        family.add_metric([self.model_name], value)
+        return family
+
+
 class ServerMetrics:
-    """Token counters and latency histograms, updated on the event loop as outputs arrive."""
+    """The server's registry: token counters and latency histograms updated on the event loop
+    as outputs arrive, and the engine's snapshot (`stats`, AsyncEngine.stats) read at scrape time."""
 
-    def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.finished = Counter()  # finish reason -> requests
-        self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.e2e = Histogram(E2E_BUCKETS_S)
+    def __init__(self, model_name: str, stats: Callable[[], dict]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.labels = {"model_name": model_name}
+        self.registry.register(_EngineCollector(stats, model_name))
 
-    async def track(self, outputs: AsyncIterator[RequestOutput], record: RequestRecord) -> AsyncIterator[RequestOutput]:
-        """Pass `outputs` through, observing the first token's latency and, at the end, the counts."""
-        async for output in outputs:
-            generated = sum(len(completion.token_ids) for completion in output.outputs)
-            if generated and record.first_token_s is None:
-                record.first_token_s = time.perf_counter() - record.start
-                self.ttft.observe(record.first_token_s)
+        def counter(name: str, help_text: str) -> Counter:
+            return Counter(PREFIX + name, help_text, ["model_name"], registry=self.registry).labels(model_name)
+
+        def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            metric = Histogram(PREFIX + name, help_text, ["model_name"], buckets=buckets, registry=self.registry)
+            return metric.labels(model_name)
+
+        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self._generation_tokens = counter("generation_tokens", "Generated tokens of finished requests.")
+        success_help = "Finished requests by finish reason (a request with n completions counts once for each)."
+        self._success = Counter(PREFIX + "request_success", success_help, ["model_name", "finished_reason"],
+                                registry=self.registry)  # fmt: skip
+        self._ttft = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS_S)
+        inter_token_help = "Time between successive tokens of a completion (the ends of the steps that made them)."
+        self._inter_token = histogram("inter_token_latency_seconds", inter_token_help, INTER_TOKEN_BUCKETS_S)
+        self._e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS_S)
+
+    @property
+    def prompt_tokens(self) -> float:
+        return self.registry.get_sample_value(f"{PREFIX}prompt_tokens_total", self.labels)
+
+    @property
+    def generation_tokens(self) -> float:
+        return self.registry.get_sample_value(f"{PREFIX}generation_tokens_total", self.labels)
+
+    async def track(self, stream: RequestStream, record: RequestRecord) -> AsyncIterator[RequestOutput]:
+        """Pass the stream's outputs through, observing its token latencies as they come (from
+        the engine thread's step times, `stream.token_times`) and, at the end, its counts."""
+        observed: list[int] = []  # by completion: its token times observed so far
+        async for output in stream:
+            times = stream.token_times
+            observed = observed or [0] * len(times)
+            if record.first_token_s is None and any(times):
+                record.first_token_s = min(t[0] for t in times if t) - record.start
+                self._ttft.observe(record.first_token_s)
+            for index, completion_times in enumerate(times):
+                for position in range(max(observed[index], 1), len(completion_times)):
+                    self._inter_token.observe(completion_times[position] - completion_times[position - 1])
+                observed[index] = len(completion_times)
             record.prompt_tokens = len(output.prompt_token_ids)
-            record.generation_tokens = generated
+            record.generation_tokens = sum(len(completion.token_ids) for completion in output.outputs)
             if output.finished:
-                self.prompt_tokens += record.prompt_tokens
-                self.generation_tokens += record.generation_tokens
-                self.finished.update(completion.finish_reason for completion in output.outputs)
-                self.e2e.observe(time.perf_counter() - record.start)
+                self._prompt_tokens.inc(record.prompt_tokens)
+                self._generation_tokens.inc(record.generation_tokens)
+                for completion in output.outputs:
+                    self._success.labels(self.labels["model_name"], completion.finish_reason).inc()
+                self._e2e.observe(time.perf_counter() - record.start)
             yield output
 
-    def render(self, stats: dict, model_name: str) -> str:
-        """The exposition text: `stats` is AsyncEngine.stats(), the engine thread's last snapshot."""
-        labels = f'model_name="{_escape(model_name)}"'
-        out: list[str] = []
-
-        def metric(name: str, kind: str, help_text: str, rows: list[str]) -> None:
-            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows])
-
-        def one(name: str, kind: str, help_text: str, value: float) -> None:
-            metric(name, kind, help_text, [f"{name}{{{labels}}} {value}"])
-
-        one("vllm:num_requests_running", "gauge", "Requests in the running batch.", stats["num_requests_running"])
-        one("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", stats["num_requests_waiting"])
-        one("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 is full).",
-            kv_cache_usage(stats))  # fmt: skip
-        one("vllm:num_preemptions_total", "counter", "Preemptions since start.", stats["num_preemptions"])
-        one("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-            stats["prefix_cache_queries"])  # fmt: skip
-        one("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
-            stats["prefix_cache_hits"])  # fmt: skip
-        one("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens)
-        one("vllm:generation_tokens_total", "counter", "Generated tokens of finished requests.", self.generation_tokens)
-        success = [
-            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}'
-            for reason, n in sorted(self.finished.items())
-        ]
-        help_text = "Finished requests by finish reason (a request with n completions counts once for each)."
-        metric("vllm:request_success_total", "counter", help_text, success)
-        one("tinyvllm:num_requests_aborted_total", "counter", "Requests aborted.", stats["num_requests_aborted"])
-        one("tinyvllm:num_requests_rejected_total", "counter", "Requests refused.", stats["num_requests_rejected"])
-        ttft = self.ttft.lines("vllm:time_to_first_token_seconds", labels)
-        metric("vllm:time_to_first_token_seconds", "histogram", "Time to first token.", ttft)
-        e2e = self.e2e.lines("vllm:e2e_request_latency_seconds", labels)
-        metric("vllm:e2e_request_latency_seconds", "histogram", "End-to-end request latency.", e2e)
-        return "\n".join(out) + "\n"
+    def render(self) -> bytes:
+        """The exposition text of every metric."""
+        return generate_latest(self.registry)
 
 
 def kv_cache_usage(stats: dict) -> float:
     """The fraction of KV-cache blocks in use (1 is full) in AsyncEngine.stats()."""
     total = stats["num_total_blocks"]
     return (total - stats["num_free_blocks"]) / total if total else 0.0
-
-
-def _escape(value: str) -> str:
-    """A label value as the exposition format quotes it."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -5,7 +5,8 @@
     POST /v1/chat/completions  messages -> assistant message
     GET  /health               200 while the engine thread runs; 503 once it stopped, or while
                                one step has run past the stall timeout
-    GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: JSON
+    GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: the
+                               engine's stats as JSON
 
 Both generation endpoints stream server-sent events with `"stream": true` (per step, one chunk
 for each choice whose text that step made final, then `data: [DONE]`), and answer with one JSON
@@ -67,7 +68,7 @@ STATS_INTERVAL_S = 10.0
 STALL_TIMEOUT_S = 60.0
 """A step longer than this makes /health answer 503 "stalled" (GPU steps take milliseconds,
 NumPy steps seconds: its token budget is sized so)."""
-GRACEFUL_SHUTDOWN_S = 2  # then open streams are cut
+GRACEFUL_SHUTDOWN_S = 2  # then open responses are cut (the engine has failed their requests already)
 ENGINE_STOP_S = 2  # then the process exits without waiting for the step in progress
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobody reads it
 
@@ -95,7 +96,7 @@ class OpenAIServer:
         self.config = config
         self.defaults = engine.engine.default_sampling_params()
         self.created = int(time.time())
-        self.request_metrics = ServerMetrics()
+        self.request_metrics = ServerMetrics(config.served_model_name, engine.stats)
 
     def app(self) -> Starlette:
         routes = [
@@ -131,8 +132,7 @@ class OpenAIServer:
     async def metrics(self, request: Request) -> Response:
         if request.query_params.get("format") == "json":
             return JSONResponse(self.engine.stats())
-        text = self.request_metrics.render(self.engine.stats(), self.config.served_model_name)
-        return Response(text, media_type=CONTENT_TYPE)
+        return Response(self.request_metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.config.served_model_name, "object": "model", "created": self.created,
@@ -304,8 +304,11 @@ def run_server(
     log_requests: bool = True,
     log_stats: bool = True,
 ) -> None:
-    """Load the model, then serve until interrupted. max_tokens_limit defaults to max_model_len."""
+    """Load the model, then serve until interrupted (SIGTERM: see `tinyvllm.serving.shutdown`).
+    max_tokens_limit defaults to max_model_len."""
     import uvicorn
+
+    from tinyvllm.serving.shutdown import EngineFirstServer, exit_on_sigterm
 
     default_logging()
 
@@ -318,5 +321,10 @@ def run_server(
         log_requests=log_requests,
         stats_interval_s=STATS_INTERVAL_S if log_stats else None,
     )
-    app = OpenAIServer(AsyncEngine(engine), config).app()
-    uvicorn.run(app, host=host, port=port, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    async_engine = AsyncEngine(engine)
+    app = OpenAIServer(async_engine, config).app()
+    settings = uvicorn.Config(
+        app, host=host, port=port, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
+    exit_on_sigterm()
+    EngineFirstServer(settings, async_engine).run()
