@@ -28,6 +28,7 @@ from pathlib import Path
 from tinyvllm.config import EngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator
 from tinyvllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from tinyvllm.engine.logprobs import record_logprobs
 from tinyvllm.engine.model_runner import LaunchedStep
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
@@ -169,6 +170,9 @@ class LLMEngine:
             return []
         batch, step = previous
         self.scheduler.postprocess(batch, self.runner.collect(step))
+        if step.logprobs is not None:
+            sampling = [seq for seq, samples in zip(batch.seqs, batch.samples.tolist()) if samples]
+            record_logprobs(self.tokenizer, sampling, batch.pending_indices, step.logprobs)
         progressed: dict[str, _Request] = {}
         for seq, samples in zip(batch.seqs, batch.samples.tolist()):
             request = self._requests.get(seq.request_id)

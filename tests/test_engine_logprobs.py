@@ -1,0 +1,121 @@
+"""Logprobs end to end on the NumPy backend, against a float64 log-softmax of the reference
+forward's logits for each prefix (a fresh prefill each time, `next_token_logits`), which
+knows nothing of the engine's batching, slots, graphs or preemption."""
+
+import numpy as np
+import pytest
+
+from tests.helpers import next_token_logits
+from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
+from tinyvllm import LLM, Logprob, SamplingParams
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_random_llama_dir(tmp_path_factory.mktemp("tiny"), tokenizer="bytes", config_overrides=TINY_OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    return LLM(tiny_model, backend="numpy")
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def assert_logprobs_match(reference: LLM, prompt: list[int], completion, count: int) -> None:
+    """Each generated token's entry against the oracle: the sampled token and the `count`
+    most likely ones, their logprobs, ranks and texts; the cumulative logprob their sum."""
+    tokenizer = reference.engine.tokenizer
+    assert len(completion.logprobs) == len(completion.token_ids)
+    for position, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        logits = next_token_logits(reference, prompt + completion.token_ids[:position])
+        expected = log_softmax(logits)
+        top = np.argsort(-logits, kind="stable")[:count].tolist()
+        assert list(entry)[:count] == top and set(entry) == set(top) | {token}, position
+        for token_id, logprob in entry.items():
+            assert isinstance(logprob, Logprob)
+            assert logprob.logprob == pytest.approx(expected[token_id], abs=TOLERANCE)
+            assert logprob.rank == int((logits > logits[token_id]).sum()) + 1
+            assert logprob.decoded_token == tokenizer.decode([token_id])
+    expected_sum = sum(entry[token].logprob for entry, token in zip(completion.logprobs, completion.token_ids))
+    assert completion.cumulative_logprob == pytest.approx(expected_sum, abs=1e-9)
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=int(rng.integers(2, 10))).tolist() for _ in range(count)]
+
+
+def test_greedy_logprobs_are_the_raw_log_softmax_with_penalties_and_preemption(tiny_model, reference):
+    """Penalties change which token is drawn, never the logprobs (raw mode); a recomputed
+    sequence gets one entry per token, not two."""
+    prompts = _prompts(3, seed=5)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=4),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2, repetition_penalty=1.8),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+    ]
+    llm = LLM(tiny_model, backend="numpy", block_size=4, max_num_seqs=3, num_blocks=8)
+    outputs = llm.generate(prompts, params)
+    assert llm.engine.scheduler.num_preemptions > 0
+    for prompt, output, param in zip(prompts[:2], outputs[:2], params[:2]):
+        assert_logprobs_match(reference, prompt, output.outputs[0], param.logprobs)
+    plain = outputs[2].outputs[0]
+    assert plain.logprobs is None and plain.cumulative_logprob is None and outputs[2].prompt_logprobs is None
+
+
+def test_sampled_logprobs_with_n_and_a_seed(tiny_model, reference):
+    prompt = [7, 8, 9, 10]
+    params = SamplingParams(n=3, temperature=1.5, top_k=50, min_p=0.01, seed=3, max_tokens=5, ignore_eos=True, logprobs=3)
+    llm = LLM(tiny_model, backend="numpy")
+    first = llm.generate([prompt], params)[0]
+    again = llm.generate([prompt], params)[0]
+    assert len(first.outputs) == 3
+    for completion, repeat in zip(first.outputs, again.outputs):
+        assert_logprobs_match(reference, prompt, completion, 3)
+        assert completion.logprobs == repeat.logprobs
+    ranks = [entry[token].rank for c in first.outputs for entry, token in zip(c.logprobs, c.token_ids)]
+    assert max(ranks) > 1  # sampling drew tokens that are not the argmax, and their ranks show it
+
+
+def test_logprobs_zero_gives_the_sampled_token_alone(tiny_model, reference):
+    prompt = [40, 41]
+    llm = LLM(tiny_model, backend="numpy")
+    completion = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4, logprobs=0))[0].outputs[0]
+    assert [list(entry) for entry in completion.logprobs] == [[token] for token in completion.token_ids]
+    assert_logprobs_match(reference, prompt, completion, 0)
+    assert all(entry[token].rank == 1 for entry, token in zip(completion.logprobs, completion.token_ids))
+
+
+def test_streamed_outputs_carry_the_logprobs_of_their_tokens(tiny_model):
+    llm = LLM(tiny_model, backend="numpy")
+    engine = llm.engine
+    engine.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1))
+    seen = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            completion = output.outputs[0]
+            assert len(completion.logprobs) == len(completion.token_ids)
+            assert completion.logprobs[: len(seen)] == seen  # cumulative: earlier entries unchanged
+            seen = list(completion.logprobs)
+    assert len(seen) == 5
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("logprobs", -1, r"logprobs must be in \[0, 20\]"),
+        ("logprobs", 21, r"logprobs must be in \[0, 20\]"),
+        ("logprobs", 1.5, "logprobs must be an integer"),
+        ("prompt_logprobs", 21, r"prompt_logprobs must be in \[0, 20\]"),
+        ("prompt_logprobs", 2, "prompt_logprobs: not implemented"),
+    ],
+)
+def test_bad_logprobs_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
