@@ -5,11 +5,16 @@ knows nothing of the engine's batching, slots, graphs or preemption."""
 import numpy as np
 import pytest
 
-from tests.helpers import next_token_logits
-from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
+from tests.helpers import SIMULATOR, next_token_logits
+from tests.random_llama import BYTES_SPECIAL_TOKENS, TINY_OVERRIDES, make_random_llama_dir, save_bytes_tokenizer
+from tests.test_engine import ENGINE_SIMULATOR_OVERRIDES
 from tinyvllm import LLM, Logprob, SamplingParams
+from tinyvllm.backends.sampler_options import SamplerOptions
 
 TOLERANCE = 1e-4
+"""Nats, between the NumPy engine's float32 logits (in a batch) and the same forward alone."""
+BF16_LOGPROB_GAP = 0.05
+"""Nats, between two bf16 pipelines' logprobs (their logits differ by about 1e-2)."""
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +124,58 @@ def test_streamed_outputs_carry_the_logprobs_of_their_tokens(tiny_model):
 def test_bad_logprobs_are_refused_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
+
+
+def _cuda_engine_model(tmp_path):
+    overrides = ENGINE_SIMULATOR_OVERRIDES if SIMULATOR else TINY_OVERRIDES
+    # the simulator's model has a smaller vocabulary than the byte tokenizer's
+    num_bytes = overrides["vocab_size"] - len(BYTES_SPECIAL_TOKENS)
+    tokenizer = save_bytes_tokenizer(tmp_path / "tokenizer.json", num_bytes) if SIMULATOR else "bytes"
+    return make_random_llama_dir(tmp_path / "model", tokenizer=tokenizer, config_overrides=overrides)
+
+
+def test_cuda_backend_logprobs_match_the_bf16_reference(tmp_path):
+    """The kernel in the engine, with a penalized row (whose raw logits the runner copies
+    before the penalty kernel changes them), against the bf16 NumPy forward: two bf16
+    pipelines whose logits differ by rounding, so the logprobs agree to BF16_LOGPROB_GAP
+    and a top id may swap only with one that close."""
+    model = _cuda_engine_model(tmp_path)
+    limits = {"block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64}
+    reference = LLM(model, backend="numpy", activation_dtype="bf16", num_blocks=64, **limits)
+    llm = LLM(model, backend="cuda", linear_backend="tiled" if SIMULATOR else "auto", num_blocks=64, **limits)
+    prompts, count = [[3, 1, 4, 1], [9, 2, 6]], 3
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=count, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=count),
+    ]
+    for prompt, output in zip(prompts, llm.generate(prompts, params)):
+        completion = output.outputs[0]
+        assert len(completion.logprobs) == len(completion.token_ids) == 3
+        for position, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+            expected = log_softmax(next_token_logits(reference, prompt + completion.token_ids[:position]))
+            assert token in entry and len(entry) in (count, count + 1)
+            for token_id, logprob in entry.items():
+                assert logprob.logprob == pytest.approx(expected[token_id], abs=BF16_LOGPROB_GAP)
+            third_best = np.sort(expected)[-count]
+            assert all(expected[token_id] >= third_best - BF16_LOGPROB_GAP for token_id in list(entry)[:count])
+
+
+@pytest.mark.gpu
+def test_graph_replay_gives_the_eager_logprobs(tiny_model):
+    prompts = _prompts(6, seed=23)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=16, ignore_eos=True, logprobs=i * 4)
+        for i in range(len(prompts))
+    ]
+    params[1] = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=20, presence_penalty=1.0)
+    params[2] = SamplingParams(temperature=0.7, max_tokens=16, ignore_eos=True, seed=9)
+    # num_blocks given: other test workers share the GPU, so its free memory says little
+    graphs = LLM(tiny_model, backend="cuda", num_blocks=256)
+    eager = LLM(tiny_model, backend="cuda", num_blocks=256, enforce_eager=True)
+    replayed, expected = graphs.generate(prompts, params), eager.generate(prompts, params)
+    for ours, theirs in zip(replayed, expected):
+        assert ours.outputs[0].token_ids == theirs.outputs[0].token_ids
+        assert ours.outputs[0].logprobs == theirs.outputs[0].logprobs
+        assert ours.outputs[0].cumulative_logprob == theirs.outputs[0].cumulative_logprob
+    captured_options = {options for _, options in graphs.engine.runner.graphs.graphs}
+    assert SamplerOptions(penalties=True, logprobs=True) in captured_options
