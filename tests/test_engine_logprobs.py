@@ -76,7 +76,9 @@ def test_greedy_logprobs_are_the_raw_log_softmax_with_penalties_and_preemption(t
 
 def test_sampled_logprobs_with_n_and_a_seed(tiny_model, reference):
     prompt = [7, 8, 9, 10]
-    params = SamplingParams(n=3, temperature=1.5, top_k=50, min_p=0.01, seed=3, max_tokens=5, ignore_eos=True, logprobs=3)
+    params = SamplingParams(
+        n=3, temperature=1.5, top_k=50, min_p=0.01, seed=3, max_tokens=5, ignore_eos=True, logprobs=3
+    )
     llm = LLM(tiny_model, backend="numpy")
     first = llm.generate([prompt], params)[0]
     again = llm.generate([prompt], params)[0]

@@ -48,7 +48,7 @@ def test_greedy_logprobs_match_transformers(transformers_model, smollm2_dir, bac
     for prompt, output in zip(prompts, llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)):
         completion = output.outputs[0]
         expected = _transformers_log_softmax(transformers_model, prompt + completion.token_ids)
-        for position, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        for position, entry in enumerate(completion.logprobs):
             row = expected[len(prompt) - 1 + position]
             for token_id, logprob in entry.items():
                 assert abs(logprob.logprob - row[token_id]) <= BAR_NATS, (position, token_id)

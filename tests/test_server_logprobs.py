@@ -72,7 +72,12 @@ def test_chat_logprobs_streamed_and_not(client, oracle):
     chunks = client.chat.completions.create(
         model=MODEL_NAME, messages=CHAT, logprobs=True, top_logprobs=2, stream=True, **GREEDY
     )
-    streamed = [item for chunk in chunks if chunk.choices and chunk.choices[0].logprobs for item in chunk.choices[0].logprobs.content]
+    streamed = [
+        item
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for item in chunk.choices[0].logprobs.content
+    ]
     assert [item.token for item in streamed] == [item.token for item in content]
     assert [item.logprob for item in streamed] == pytest.approx([item.logprob for item in content], abs=TOLERANCE)
 

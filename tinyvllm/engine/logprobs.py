@@ -65,11 +65,14 @@ class LogprobBuffers:
 def logprob_entry(tokenizer: Tokenizer, values: StepLogprobs, row: int, token: int, count: int) -> dict[int, Logprob]:
     """vLLM's dict for one generated token: the sampled token and the `count` most likely
     ones (ranks 1..count, in that order), the sampled one last when it is not among them."""
-    entry = {}
-    for rank, (top_id, logprob) in enumerate(zip(values.top_ids[row, :count].tolist(), values.top_logprobs[row, :count].tolist())):
-        entry[top_id] = Logprob(logprob, rank + 1, tokenizer.decode([top_id]))
+    top_ids, top_logprobs = values.top_ids[row, :count].tolist(), values.top_logprobs[row, :count].tolist()
+    entry = {
+        top_id: Logprob(logprob, rank, tokenizer.decode([top_id]))
+        for rank, (top_id, logprob) in enumerate(zip(top_ids, top_logprobs), start=1)
+    }
     if token not in entry:
-        entry[token] = Logprob(float(values.sampled_logprobs[row]), int(values.sampled_ranks[row]), tokenizer.decode([token]))
+        sampled = float(values.sampled_logprobs[row])
+        entry[token] = Logprob(sampled, int(values.sampled_ranks[row]), tokenizer.decode([token]))
     return entry
 
 

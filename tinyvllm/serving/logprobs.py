@@ -28,7 +28,12 @@ def completion_logprobs(completion: CompletionOutput, start: int, top: int) -> d
         top_logprobs.append({logprob.decoded_token: logprob.logprob for logprob in entry.values()})
         text_offset.append(offset)
         offset += len(sampled.decoded_token)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
 def _chat_token(logprob: Logprob) -> dict:
