@@ -10,6 +10,7 @@ from tests.random_llama import BYTES_SPECIAL_TOKENS, TINY_OVERRIDES, make_random
 from tests.test_engine import ENGINE_SIMULATOR_OVERRIDES
 from tinyvllm import LLM, Logprob, SamplingParams
 from tinyvllm.backends.sampler_options import SamplerOptions
+from tinyvllm.engine.prompt_logprobs import ROWS_PER_SLICE
 
 TOLERANCE = 1e-4
 """Nats, between the NumPy engine's float32 logits (in a batch) and the same forward alone."""
@@ -120,12 +121,55 @@ def test_streamed_outputs_carry_the_logprobs_of_their_tokens(tiny_model):
         ("logprobs", 21, r"logprobs must be in \[0, 20\]"),
         ("logprobs", 1.5, "logprobs must be an integer"),
         ("prompt_logprobs", 21, r"prompt_logprobs must be in \[0, 20\]"),
-        ("prompt_logprobs", 2, "prompt_logprobs: not implemented"),
+        ("prompt_logprobs", "3", "prompt_logprobs must be an integer"),
     ],
 )
 def test_bad_logprobs_are_refused_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
+
+
+def assert_prompt_logprobs_match(reference: LLM, prompt: list[int], prompt_logprobs, count: int) -> None:
+    """Entry t + 1 against the oracle's logits after prompt[: t + 1]; entry 0 is None."""
+    assert len(prompt_logprobs) == len(prompt) and prompt_logprobs[0] is None
+    for position in range(len(prompt) - 1):
+        logits = next_token_logits(reference, prompt[: position + 1])
+        expected, entry, token = log_softmax(logits), prompt_logprobs[position + 1], prompt[position + 1]
+        top = np.argsort(-logits, kind="stable")[:count].tolist()
+        assert list(entry)[:count] == top and set(entry) == set(top) | {token}, position
+        for token_id, logprob in entry.items():
+            assert logprob.logprob == pytest.approx(expected[token_id], abs=TOLERANCE)
+            assert logprob.rank == int((logits > logits[token_id]).sum()) + 1
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {},  # one prefill: the positions span two LM-head slices
+        {"max_num_batched_tokens": 8, "enable_prefix_caching": True},  # chunked, and never read from the cache
+        {"block_size": 4, "max_num_seqs": 3, "num_blocks": 22},  # preempted and recomputed
+    ],
+    ids=["slices", "chunked-cached", "preempted"],
+)
+def test_prompt_logprobs_are_the_raw_log_softmax_at_each_prompt_position(tiny_model, reference, limits):
+    rng = np.random.default_rng(8)
+    long_prompt = rng.integers(0, 256, size=ROWS_PER_SLICE + 6).tolist()
+    prompts = [long_prompt, rng.integers(0, 256, size=12).tolist(), long_prompt[:20]]
+    params = [
+        SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, prompt_logprobs=0, logprobs=1),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    ]
+    llm = LLM(tiny_model, backend="numpy", **limits)
+    if limits.get("enable_prefix_caching"):
+        llm.generate([long_prompt], SamplingParams(max_tokens=1))  # the prompt's blocks are cached now
+    outputs = llm.generate(prompts, params)
+    if "num_blocks" in limits:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert_prompt_logprobs_match(reference, prompts[0], outputs[0].prompt_logprobs, 2)
+    assert_prompt_logprobs_match(reference, prompts[1], outputs[1].prompt_logprobs, 0)
+    assert_logprobs_match(reference, prompts[1], outputs[1].outputs[0], 1)
+    assert outputs[2].prompt_logprobs is None
 
 
 def _cuda_engine_model(tmp_path):
@@ -138,7 +182,8 @@ def _cuda_engine_model(tmp_path):
 
 def test_cuda_backend_logprobs_match_the_bf16_reference(tmp_path):
     """The kernel in the engine, with a penalized row (whose raw logits the runner copies
-    before the penalty kernel changes them), against the bf16 NumPy forward: two bf16
+    before the penalty kernel changes them) and prompt logprobs (the LM head over prompt
+    rows), against the bf16 NumPy forward: two bf16
     pipelines whose logits differ by rounding, so the logprobs agree to BF16_LOGPROB_GAP
     and a top id may swap only with one that close."""
     model = _cuda_engine_model(tmp_path)
@@ -148,9 +193,16 @@ def test_cuda_backend_logprobs_match_the_bf16_reference(tmp_path):
     prompts, count = [[3, 1, 4, 1], [9, 2, 6]], 3
     params = [
         SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=count, repetition_penalty=1.5),
-        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=count),
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=count, prompt_logprobs=count),
     ]
-    for prompt, output in zip(prompts, llm.generate(prompts, params)):
+    outputs = llm.generate(prompts, params)
+    assert outputs[0].prompt_logprobs is None and outputs[1].prompt_logprobs[0] is None
+    for position, entry in enumerate(outputs[1].prompt_logprobs[1:]):
+        expected = log_softmax(next_token_logits(reference, prompts[1][: position + 1]))
+        assert prompts[1][position + 1] in entry
+        for token_id, logprob in entry.items():
+            assert logprob.logprob == pytest.approx(expected[token_id], abs=BF16_LOGPROB_GAP)
+    for prompt, output in zip(prompts, outputs):
         completion = output.outputs[0]
         assert len(completion.logprobs) == len(completion.token_ids) == 3
         for position, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):

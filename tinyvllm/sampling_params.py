@@ -56,8 +56,9 @@ class SamplingParams:
             alone); None returns none. In [0, 20]. They are the raw model distribution, the
             log-softmax of the logits before temperature, penalties, min-p, top-k and top-p
             (vLLM's default `raw_logprobs` mode), so they do not depend on how a token is drawn.
-        prompt_logprobs: the same for each prompt token (vLLM's field); validated like
-            `logprobs`, but tinyvllm does not compute them yet and refuses a request that asks.
+        prompt_logprobs: the same for each prompt token given the tokens before it (the first
+            has none), raw as `logprobs`; None returns none. In [0, 20]. A request that asks
+            computes its whole prompt: it reads nothing from the prefix cache.
     """
 
     n: int = 1  # completions per request, each sampled from its own seed stream
@@ -129,8 +130,6 @@ class SamplingParams:
                 if not 0 <= value <= MAX_LOGPROBS:
                     raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
                 setattr(self, name, value)
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs: not implemented in tinyvllm yet (logprobs of generated tokens are)")
 
     @cached_property
     def uses_token_state(self) -> bool:

@@ -29,6 +29,10 @@ class StepLogprobs:
     top_ids: np.ndarray  # int32[rows, MAX_LOGPROBS]
     top_logprobs: np.ndarray  # float32[rows, MAX_LOGPROBS]
 
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The four arrays, in field order."""
+        return self.sampled_logprobs, self.sampled_ranks, self.top_ids, self.top_logprobs
+
 
 class LogprobBuffers:
     """The logprobs kernel's outputs for up to max_rows rows, on the device and twice in

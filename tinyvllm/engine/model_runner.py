@@ -21,6 +21,7 @@ from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
 from tinyvllm.engine.logprobs import LogprobBuffers, StepLogprobs
+from tinyvllm.engine.prompt_logprobs import PromptLogprobs, PromptRows
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.step_inputs import StepBuffers, build_step
@@ -43,6 +44,7 @@ class ModelRunner:
         self.buffers = StepBuffers(backend, limits)
         self.token_slots = TokenSlots(backend, limits.max_num_seqs, config.vocab_size, config.stop_token_ids)
         self.logprob_buffers = LogprobBuffers(backend, limits.max_num_seqs, config.vocab_size)
+        self.prompt_logprobs = PromptLogprobs(backend, self.model, config.rms_norm_eps)
         self.num_blocks = 0
         self.kv_arena = None
         self.kv_caches: list[tuple] = []
@@ -88,16 +90,21 @@ class ModelRunner:
         step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq, slots)
         options = sampler_options(step.penalty_slots, step.temperature, step.min_p, step.num_logprobs)
         decode_only = step.num_decode == step.context_lens.shape[0]
+        prompt_rows = None
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
             self.graphs.replay(self, step, options)
         else:
-            self.forward_and_sample(self.buffers.upload(step), options)
+            inputs = self.buffers.upload(step)
+            self.forward_and_sample(inputs, options)
+            if not decode_only:
+                residual = self.backend.prefix(self.workspace.residual, inputs.num_tokens)
+                prompt_rows = self.prompt_logprobs.compute(batch, step.positions, residual)
         num_sampled, turn = step.sample_rows.shape[0], self.buffers.turn
         host, done = self.buffers.sampled_host[turn], self.buffers.sampled_ready[turn]
         self.backend.download_async(self.buffers.sampled, host, num_sampled)
         logprobs = self.logprob_buffers.download(turn, num_sampled) if options.logprobs else None
         self.backend.record(done)
-        return LaunchedStep(host, num_sampled, done, logprobs)
+        return LaunchedStep(host, num_sampled, done, logprobs, prompt_rows)
 
     def collect(self, launched: "LaunchedStep") -> np.ndarray:
         """Wait for a launched step; return the sampled token of each sampling sequence."""
@@ -171,6 +178,7 @@ class LaunchedStep:
     num_sampled: int
     done: object
     logprobs: StepLogprobs | None = None
+    prompt_rows: PromptRows | None = None
 
 
 def _single(seq: Sequence, num_tokens: int) -> ScheduledBatch:

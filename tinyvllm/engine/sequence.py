@@ -96,6 +96,10 @@ class Sequence:
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.arrival = next(_arrivals)
         self.output_logprobs: list[dict[int, Logprob]] = []
+        # vLLM's prompt_logprobs, entry 0 None; one list for all of a request's sequences
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            None if sampling_params.prompt_logprobs is None else [None] * len(token_ids)
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -157,6 +161,7 @@ def new_sequences(
     ]
     for seq in group:
         seq.group = group
+        seq.prompt_logprobs = group[0].prompt_logprobs
     return group
 
 
@@ -233,8 +238,9 @@ class RequestOutput:
         request_id: the id the request was added with (or the engine gave it).
         prompt: the prompt's text; None for a prompt given as token ids.
         prompt_token_ids: the prompt as the model sees it.
-        prompt_logprobs: None: tinyvllm does not compute prompt logprobs yet (a request that asks
-            for them is refused).
+        prompt_logprobs: with `SamplingParams.prompt_logprobs`, one entry per prompt token: None
+            for the first, then a dict like `CompletionOutput.logprobs`' (the prompt token and
+            the most likely ones at its position); None otherwise.
         outputs: one CompletionOutput per completion (`SamplingParams.n` of them, by index).
         finished: True once every completion has finished.
         num_cached_tokens: prompt tokens whose K/V came from the prefix cache when the prompt
@@ -257,7 +263,7 @@ class RequestOutput:
             request_id=first.request_id,
             prompt=first.prompt,
             prompt_token_ids=first.prompt_token_ids,
-            prompt_logprobs=None,
+            prompt_logprobs=None if first.prompt_logprobs is None else list(first.prompt_logprobs),
             outputs=[CompletionOutput.from_sequence(seq, text) for seq, text in zip(seqs, texts)],
             finished=all(seq.is_finished for seq in seqs),
             num_cached_tokens=first.num_cached_tokens or 0,
