@@ -1,5 +1,6 @@
 """The bar for logprobs on a real model: SmolLM2-135M-Instruct (the default model), greedy,
-against transformers' float32 log-softmax of the same tokens, teacher-forced.
+against transformers' float32 log-softmax of the same tokens, teacher-forced: the prompt
+logprobs and those of the generated tokens.
 
 Our engine generates; transformers then scores prompt + generated tokens in one forward, so
 a token where the two would have chosen differently still compares the same distribution.
@@ -43,13 +44,16 @@ def _transformers_log_softmax(model, token_ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_greedy_logprobs_match_transformers(transformers_model, smollm2_dir, backend):  # noqa: F811
     llm = LLM(smollm2_dir, backend=backend, num_blocks=64, max_model_len=256)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP, prompt_logprobs=TOP)
     prompts = [llm.engine.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in PROMPTS]
     for prompt, output in zip(prompts, llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)):
         completion = output.outputs[0]
         expected = _transformers_log_softmax(transformers_model, prompt + completion.token_ids)
-        for position, entry in enumerate(completion.logprobs):
-            row = expected[len(prompt) - 1 + position]
+        assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt)
+        # entry k (prompt token k, or generated token k - len(prompt)) from transformers' row k - 1
+        entries = output.prompt_logprobs[1:] + completion.logprobs
+        for position, entry in enumerate(entries):
+            row = expected[position]
             for token_id, logprob in entry.items():
                 assert abs(logprob.logprob - row[token_id]) <= BAR_NATS, (position, token_id)
             top = set(np.argsort(-row)[:TOP].tolist())

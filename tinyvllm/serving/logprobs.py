@@ -17,7 +17,8 @@ def _sampled(completion: CompletionOutput, start: int) -> list[tuple[Logprob, di
 def completion_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | None:
     """/v1/completions' legacy lists for the tokens from `start` on: their texts, logprobs,
     {text: logprob} of the top ones and the sampled one, and where each text starts in the
-    completion's text (the decoded tokens laid end to end); None without logprobs."""
+    completion's text (the decoded tokens laid end to end); None without logprobs. `top` is
+    the chat shape's; here each dict holds the token's whole entry, as vLLM's does."""
     if completion.logprobs is None:
         return None
     offset = sum(len(sampled.decoded_token) for sampled, _ in _sampled(completion, 0)[:start])
