@@ -17,9 +17,11 @@ raised by 12, closer to a model's output. Bar: every case at S = 256, V = 128256
 
 "every_option" is a step with every sampling option on (kernels/penalties.py): the
 penalty kernel over each row's token state (a 512-token prompt and 256 output tokens
-per row, stop tokens masked), min-p 0.05, then `sample` with top-k 50 and top-p 0.9, and
-the count update. Its passes: the sampler's 8, the penalties' 2 (the logits and the
-state words), min-p's 2. The penalties change the logits in place, so each repeat
+per row, stop tokens masked), min-p 0.05, then `sample` with top-k 50 and top-p 0.9, the
+count update and logprobs with the top 20 (kernels/logprobs.py, on a copy of the raw
+logits made before the penalties, as the runner makes it). Its passes: the sampler's 8,
+the penalties' 2 (the logits and the state words), min-p's 2, the copy's 2 (read and
+write), the logprobs' 2. The penalties change the logits in place, so each repeat
 penalizes the last one's output again: the same work. Its ratio to today's sampler with
 the same filters (top_k_top_p), and to plain, are printed and kept; bar, on the first: at most OPTIONS_BAR_RATIO at
 S = 256, V = 128256. Results go to perf/results/bench_sampling.json.
@@ -34,9 +36,11 @@ from numba import config, cuda
 
 from perf.timing import median_ms, result_header
 from tests.sampling_cases import pack_sampling_params
+from tinyvllm.kernels.logprobs import compute_logprobs
 from tinyvllm.kernels.penalties import apply_min_p, apply_penalties, count_sampled_tokens
 from tinyvllm.kernels.sampling import sample, sample_workspace_shape
 from tinyvllm.kernels.token_state import token_state_row
+from tinyvllm.sampling_params import MAX_LOGPROBS
 
 COPY_CEILING_TBPS = 4.25
 BAR_US = 300.0
@@ -54,7 +58,7 @@ SAMPLERS = {
 EVERY_OPTION = "every_option"
 OPTIONS_BAR_RATIO = 2.0
 """every_option may cost at most this many times top_k_top_p at BAR_SHAPE."""
-OPTIONS_PASSES = SAMPLERS["top_k_top_p"][3] + 2 + 2
+OPTIONS_PASSES = SAMPLERS["top_k_top_p"][3] + 2 + 2 + 2 + 2
 HISTORY = {"prompt": 512, "output": 256}
 """Tokens of each row's sequence that the penalties read."""
 OPTIONS = {"presence": 0.5, "frequency": 0.3, "repetition": 1.2, "min_p": 0.05}
@@ -110,12 +114,22 @@ def every_option_step(logits, out, workspace, seeds):
     ]
     mask_stop_tokens = cuda.to_device(np.ones(rows, np.int32))
     min_p = cuda.to_device(np.full(rows, OPTIONS["min_p"], np.float32))
+    raw_logits = cuda.device_array_like(logits)
+    num_logprobs = cuda.to_device(np.full(rows, MAX_LOGPROBS, np.int32))
+    logprobs_out = (
+        cuda.device_array((rows, MAX_LOGPROBS), np.int32),
+        cuda.device_array((rows, MAX_LOGPROBS), np.float32),
+        cuda.device_array(rows, np.float32),
+        cuda.device_array(rows, np.int32),
+    )
 
     def call():
+        raw_logits.copy_to_device(logits)
         apply_penalties(logits, state, slots, *row_params, mask_stop_tokens)
         apply_min_p(logits, sampler_params[0], min_p)
         sample(logits, *sampler_params, out, *workspace)
         count_sampled_tokens(state, slots, out)
+        compute_logprobs(raw_logits, num_logprobs, out, *logprobs_out)
 
     return call
 

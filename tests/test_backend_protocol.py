@@ -48,6 +48,7 @@ def test_protocol_keeps_operators_apart_from_memory_events_and_graphs():
     assert set(operators) == {
         "embedding", "gather_rows", "linear", "linear_rope_write_kv", "linear_silu_mul", "prefill_attention",
         "decode_attention", "feed_sampled_tokens", "sample", "apply_penalties", "apply_min_p", "count_sampled_tokens",
+        "compute_logprobs",
     }  # fmt: skip
     for name, signature in operators.items():
         assert signature.return_annotation is None, name

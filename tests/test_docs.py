@@ -168,7 +168,7 @@ def test_mkdocs_build_strict(tmp_path):
 API = [("tinyvllm/llm.py", "LLM"), ("tinyvllm/engine/llm_engine.py", "LLMEngine"),
        ("tinyvllm/sampling_params.py", "SamplingParams"), ("tinyvllm/config.py", "EngineConfig"),
        ("tinyvllm/engine/sequence.py", "RequestOutput"),
-       ("tinyvllm/engine/sequence.py", "CompletionOutput")]  # fmt: skip
+       ("tinyvllm/engine/sequence.py", "CompletionOutput"), ("tinyvllm/engine/sequence.py", "Logprob")]  # fmt: skip
 
 
 @pytest.mark.parametrize("path, name", API, ids=[name for _, name in API])

@@ -245,7 +245,8 @@ COMPLETION_ERRORS = [
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
     ({"ignore_eos": "no"}, "ignore_eos"),
-    ({"logprobs": 1}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": "high"}, "frequency_penalty"),
@@ -274,6 +275,9 @@ CHAT_ERRORS = [
     ({"max_completion_tokens": MAX_TOKENS_LIMIT + 1}, "max_completion_tokens"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"top_p": 2}, "top_p"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ]
 
 

@@ -47,6 +47,7 @@ EXPECTED_CAPACITY = {
     "min_p": ((6,), np.float32),
     "penalty_slots": ((6,), np.int32),
     "mask_stop_tokens": ((6,), np.int32),
+    "num_logprobs": ((6,), np.int32),
     "block_tables": ((6, 5), np.int32),
 }
 

@@ -18,6 +18,7 @@ _EXPORTS = {
     "SamplingParams": "tinyvllm.sampling_params",
     "RequestOutput": "tinyvllm.engine.sequence",
     "CompletionOutput": "tinyvllm.engine.sequence",
+    "Logprob": "tinyvllm.engine.sequence",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,6 +17,8 @@ from numbers import Integral, Real
 GREEDY_TEMPERATURE = 1e-5
 # Seeds must fit an int64 device array (the sampler keys its counter-based RNG on them).
 SEED_LIMIT = 2**63
+# vLLM's default max_logprobs: the most top tokens a request may ask for, per token.
+MAX_LOGPROBS = 20
 
 
 # --8<-- [start:fields]
@@ -49,6 +51,14 @@ class SamplingParams:
             likely token's; in [0, 1], 0 is none.
         min_tokens: the end-of-sequence tokens, stop_token_ids and stop strings stop nothing until
             this many tokens are generated; in [0, max_tokens].
+        logprobs: return, for each generated token, the log-probabilities of the `logprobs` most
+            likely tokens and of the sampled one, each with its rank (0: the sampled token's
+            alone); None returns none. In [0, 20]. They are the raw model distribution, the
+            log-softmax of the logits before temperature, penalties, min-p, top-k and top-p
+            (vLLM's default `raw_logprobs` mode), so they do not depend on how a token is drawn.
+        prompt_logprobs: the same for each prompt token given the tokens before it (the first
+            has none), raw as `logprobs`; None returns none. In [0, 20]. A request that asks
+            computes its whole prompt: it reads nothing from the prefix cache.
     """
 
     n: int = 1  # completions per request, each sampled from its own seed stream
@@ -65,6 +75,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
@@ -92,6 +104,7 @@ class SamplingParams:
             if not 0 <= self.seed < SEED_LIMIT:
                 raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         self._check_penalties_and_min()
+        self._check_logprobs()
 
     def _check_penalties_and_min(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -108,6 +121,15 @@ class SamplingParams:
         self.min_tokens = _integer("min_tokens", self.min_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+
+    def _check_logprobs(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                value = _integer(name, value)
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+                setattr(self, name, value)
 
     @cached_property
     def uses_token_state(self) -> bool:

@@ -155,6 +155,21 @@ class SamplerOperators(Protocol):
         """Row s of logits, in place, with the tokens below min_p[s] times the top one's
         probability at -inf (greedy rows and min_p 0 as they are)."""
 
+    def compute_logprobs(
+        self,
+        logits: DeviceArray,
+        num_logprobs: DeviceArray,
+        sampled: DeviceArray,
+        top_ids: Output,
+        top_logprobs: Output,
+        sampled_logprobs: Output,
+        sampled_ranks: Output,
+    ) -> None:
+        """For each row s with num_logprobs[s] = n >= 0, of the log-softmax of row s of the raw
+        logits: the logprob and rank of token sampled[s], and in top_ids[s, :n] and
+        top_logprobs[s, :n] the n most likely tokens, most likely first (`kernels/logprobs.py`).
+        Rows with n < 0, and the columns past n, are left as they are."""
+
     def count_sampled_tokens(self, token_state: Output, slots: DeviceArray, sampled: DeviceArray) -> None:
         """token_state[slots[s], sampled[s]] += 1 where slots[s] >= 0: the output counts, kept current."""
 
@@ -183,6 +198,9 @@ class Memory(Protocol):
 
     def prefix(self, array: DeviceArray, rows: int) -> DeviceArray:
         """array[:rows], the same memory."""
+
+    def copy(self, source: DeviceArray, out: DeviceArray) -> None:
+        """Queue out[...] = source, of the same shape and dtype."""
 
     def upload_bytes(self, host: np.ndarray, device: DeviceArray, nbytes: int) -> None:
         """Copy the first nbytes of a uint8 host array into a uint8 device array."""

@@ -11,10 +11,10 @@ import gc
 
 import numpy as np
 from numba import cuda
-from numba.cuda.cudadrv.driver import device_memset
+from numba.cuda.cudadrv.driver import device_memset, device_to_device
 
 from tinyvllm.backends.variants import VariantTable, decode_shape
-from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, penalties, sampling
+from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, logprobs, penalties, sampling
 from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -84,6 +84,13 @@ class CudaBackend:
             device[:nbytes].copy_to_device(host[:nbytes])
         else:
             host_to_device(device, host, nbytes, stream=self.stream)
+
+    def copy(self, source, out) -> None:
+        """A device-to-device copy on the stream (a graph captures it as a memcpy node)."""
+        if self.simulated:
+            out.copy_to_device(source)
+        else:
+            device_to_device(out, source, source.nbytes, stream=self.stream)
 
     def upload_row(self, host: np.ndarray, device, row: int) -> None:
         """A pageable copy: it waits for the stream's queued work, then copies (once per admission)."""
@@ -220,3 +227,10 @@ class CudaBackend:
 
     def count_sampled_tokens(self, token_state, slots, sampled) -> None:
         penalties.count_sampled_tokens(token_state, slots, sampled, stream=self.stream)
+
+    def compute_logprobs(
+        self, logits, num_logprobs, sampled, top_ids, top_logprobs, sampled_logprobs, sampled_ranks
+    ) -> None:
+        logprobs.compute_logprobs(
+            logits, num_logprobs, sampled, top_ids, top_logprobs, sampled_logprobs, sampled_ranks, stream=self.stream
+        )

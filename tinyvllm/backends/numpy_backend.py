@@ -192,6 +192,18 @@ class NumpyBackend:
         for row in range(logits.shape[0]):
             logits[row] = reference.min_p_filter(logits[row], temperature[row], min_p[row])
 
+    def compute_logprobs(
+        self, logits, num_logprobs, sampled, top_ids, top_logprobs, sampled_logprobs, sampled_ranks
+    ) -> None:
+        for row in np.flatnonzero(num_logprobs >= 0):
+            count = num_logprobs[row]
+            logprob, rank, ids, values = reference.logprobs(logits[row], sampled[row], count)
+            sampled_logprobs[row], sampled_ranks[row] = logprob, rank
+            top_ids[row, :count], top_logprobs[row, :count] = ids, values
+
+    def copy(self, source, out) -> None:
+        out[...] = source
+
     def count_sampled_tokens(self, token_state, slots, sampled) -> None:
         rows = slots >= 0
         token_state[slots[rows], sampled[rows]] += 1

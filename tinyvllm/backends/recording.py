@@ -100,6 +100,9 @@ class RecordingBackend:
     def upload_row(self, host: np.ndarray, device: ShapeOnly, row: int) -> None:
         """A copy, not a kernel: nothing to record."""
 
+    def copy(self, source: ShapeOnly, out: ShapeOnly) -> None:
+        """A copy, not a kernel: nothing to record."""
+
     def download_async(self, device: ShapeOnly, host: np.ndarray, count: int) -> None:
         """A copy, not a kernel: nothing to record (the host keeps what it holds)."""
 
@@ -180,3 +183,8 @@ class RecordingBackend:
 
     def count_sampled_tokens(self, token_state, slots, sampled) -> None:
         self._record("count_sampled_tokens", KernelLaunch("count_sampled_tokens"))
+
+    def compute_logprobs(
+        self, logits, num_logprobs, sampled, top_ids, top_logprobs, sampled_logprobs, sampled_ranks
+    ) -> None:
+        self._record("compute_logprobs", KernelLaunch("compute_logprobs"))

@@ -13,19 +13,25 @@ from dataclasses import dataclass
 class SamplerOptions:
     """The optional sampler kernels a step runs (`kernels/penalties.py`): the penalties and,
     after the draw, the count update when a row reads a token-state slot; min-p when a
-    sampled (not greedy) row asks for it. A step that needs neither launches neither."""
+    sampled (not greedy) row asks for it; the logprobs kernel (`kernels/logprobs.py`) when a
+    row asks for logprobs. A step that needs none launches none."""
 
     penalties: bool = False
     min_p: bool = False
+    logprobs: bool = False
 
 
 PLAIN_SAMPLER = SamplerOptions()
 """No optional kernel: the sampler alone."""
 
 
-def sampler_options(penalty_slots, temperature, min_p) -> SamplerOptions:
+def sampler_options(penalty_slots, temperature, min_p, num_logprobs) -> SamplerOptions:
     """The options of a step, from its host arrays (one entry per sampled row)."""
-    return SamplerOptions(bool((penalty_slots >= 0).any()), bool(((min_p > 0) & (temperature > 0)).any()))
+    return SamplerOptions(
+        bool((penalty_slots >= 0).any()),
+        bool(((min_p > 0) & (temperature > 0)).any()),
+        bool((num_logprobs >= 0).any()),
+    )
 
 
 # --8<-- [end:sampler-options]

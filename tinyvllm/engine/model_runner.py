@@ -20,6 +20,8 @@ from tinyvllm.backends.sampler_options import PLAIN_SAMPLER, SamplerOptions, sam
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
+from tinyvllm.engine.logprobs import LogprobBuffers, StepLogprobs
+from tinyvllm.engine.prompt_logprobs import PromptLogprobs, PromptRows
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.step_inputs import StepBuffers, build_step
@@ -41,6 +43,8 @@ class ModelRunner:
         self.workspace = Workspace(backend, config, limits.max_num_batched_tokens, limits.max_num_seqs)
         self.buffers = StepBuffers(backend, limits)
         self.token_slots = TokenSlots(backend, limits.max_num_seqs, config.vocab_size, config.stop_token_ids)
+        self.logprob_buffers = LogprobBuffers(backend, limits.max_num_seqs, config.vocab_size)
+        self.prompt_logprobs = PromptLogprobs(backend, self.model, config.rms_norm_eps)
         self.num_blocks = 0
         self.kv_arena = None
         self.kv_caches: list[tuple] = []
@@ -84,17 +88,23 @@ class ModelRunner:
         """Queue one scheduled batch on the device; `collect` gives its sampled tokens."""
         slots = self.token_slots.assign(batch)
         step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq, slots)
-        options = sampler_options(step.penalty_slots, step.temperature, step.min_p)
+        options = sampler_options(step.penalty_slots, step.temperature, step.min_p, step.num_logprobs)
         decode_only = step.num_decode == step.context_lens.shape[0]
+        prompt_rows = None
         if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
             self.graphs.replay(self, step, options)
         else:
-            self.forward_and_sample(self.buffers.upload(step), options)
+            inputs = self.buffers.upload(step)
+            self.forward_and_sample(inputs, options)
+            if not decode_only:
+                residual = self.backend.prefix(self.workspace.residual, inputs.num_tokens)
+                prompt_rows = self.prompt_logprobs.compute(batch, step.positions, residual)
         num_sampled, turn = step.sample_rows.shape[0], self.buffers.turn
         host, done = self.buffers.sampled_host[turn], self.buffers.sampled_ready[turn]
         self.backend.download_async(self.buffers.sampled, host, num_sampled)
+        logprobs = self.logprob_buffers.download(turn, num_sampled) if options.logprobs else None
         self.backend.record(done)
-        return LaunchedStep(host, num_sampled, done)
+        return LaunchedStep(host, num_sampled, done, logprobs, prompt_rows)
 
     def collect(self, launched: "LaunchedStep") -> np.ndarray:
         """Wait for a launched step; return the sampled token of each sampling sequence."""
@@ -109,11 +119,17 @@ class ModelRunner:
         """The device work of a step (what a graph captures): the tokens sampled by the
         previous step go into the rows that wait for them, and this step's sampled tokens
         to the leading rows of `buffers.sampled`; the `options` kernels change the logits
-        before the draw, and the penalties' counts take the drawn tokens after it."""
+        before the draw, and the penalties' counts take the drawn tokens after it. Logprobs
+        are of the raw logits: a copy of them when the penalties or min-p change the row."""
         ops, state = self.backend, self.token_slots.state
         ops.feed_sampled_tokens(inputs.token_ids, inputs.token_sources, self.buffers.sampled)
         logits = self.model.forward(inputs, self.kv_caches, self.workspace)
-        sampled = ops.prefix(self.buffers.sampled, inputs.sample_rows.shape[0])
+        num_sampled = inputs.sample_rows.shape[0]
+        sampled = ops.prefix(self.buffers.sampled, num_sampled)
+        raw_logits = logits
+        if options.logprobs and (options.penalties or options.min_p):
+            raw_logits = ops.prefix(self.logprob_buffers.raw_logits, num_sampled)
+            ops.copy(logits, raw_logits)
         if options.penalties:
             ops.apply_penalties(
                 logits,
@@ -138,18 +154,31 @@ class ModelRunner:
         )
         if options.penalties:
             ops.count_sampled_tokens(state, inputs.penalty_slots, sampled)
+        if options.logprobs:
+            out = self.logprob_buffers.device
+            ops.compute_logprobs(
+                raw_logits,
+                inputs.num_logprobs,
+                sampled,
+                ops.prefix(out.top_ids, num_sampled),
+                ops.prefix(out.top_logprobs, num_sampled),
+                ops.prefix(out.sampled_logprobs, num_sampled),
+                ops.prefix(out.sampled_ranks, num_sampled),
+            )
 
     # --8<-- [end:execute]
 
 
 @dataclass
 class LaunchedStep:
-    """A step queued on the device: where its sampled tokens will land, how many, and the
-    event that marks them there."""
+    """A step queued on the device: where its sampled tokens (and, when a row asked, its
+    logprobs) will land, how many, and the event that marks them there."""
 
     host: np.ndarray
     num_sampled: int
     done: object
+    logprobs: StepLogprobs | None = None
+    prompt_rows: PromptRows | None = None
 
 
 def _single(seq: Sequence, num_tokens: int) -> ScheduledBatch:

@@ -305,7 +305,7 @@ class Scheduler:
             source = prompt_source(seq, self.config.block_size)
             if source is WAIT:
                 break
-            if self._cache is not None:
+            if self._cache is not None and seq.prompt_logprobs is None:  # cached positions have no logits
                 num_cached = attach_prefix(self._cache, seq, self.config.block_size)
             elif source is not None:
                 num_cached = fork_prompt(self.allocator, seq, source, self.config.block_size)

@@ -21,14 +21,16 @@ request id and the prompt, each has its `index` (0 .. n-1), its own seed (the re
 and the same `group`, the list of all n. The scheduler lets them share the prompt's KV blocks.
 
 `RequestOutput` and `CompletionOutput` are vLLM's output shape: one RequestOutput per request,
-with one CompletionOutput per sequence in `outputs`.
+with one CompletionOutput per sequence in `outputs`. A sequence whose request asks for
+`logprobs` keeps one {token id: Logprob} dict per generated token in `output_logprobs`, filled
+when the token reaches the host (so a recomputed sequence, which samples no token twice,
+adds no entry twice).
 """
 
 import enum
 import itertools
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
 
@@ -93,6 +95,11 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         self.arrival = next(_arrivals)
+        self.output_logprobs: list[dict[int, Logprob]] = []
+        # vLLM's prompt_logprobs, entry 0 None; one list for all of a request's sequences
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            None if sampling_params.prompt_logprobs is None else [None] * len(token_ids)
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -154,10 +161,27 @@ def new_sequences(
     ]
     for seq in group:
         seq.group = group
+        seq.prompt_logprobs = group[0].prompt_logprobs
     return group
 
 
 # --8<-- [start:outputs]
+@dataclass
+class Logprob:
+    """One token's log-probability under the model, vLLM's shape.
+
+    Attributes:
+        logprob: the natural log of the token's probability, from the raw logits (before
+            temperature, penalties and the filters).
+        rank: 1 + the number of tokens of the vocabulary with a larger logit (1: the most likely).
+        decoded_token: the token's text, decoded on its own.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 @dataclass
 class CompletionOutput:
     """One completion of a request, with vLLM's fields; `finished()` once it has a finish reason.
@@ -166,8 +190,11 @@ class CompletionOutput:
         index: which of the request's `n` completions this is, from 0.
         text: the detokenized text generated so far (cumulative), a stop string cut off.
         token_ids: the token ids generated so far (cumulative).
-        cumulative_logprob: None: tinyvllm computes no logprobs yet.
-        logprobs: None, for the same reason.
+        cumulative_logprob: the sum of the generated tokens' logprobs; None when the request
+            did not ask for `logprobs` (as vLLM).
+        logprobs: with `SamplingParams.logprobs`, one dict per generated token (cumulative, like
+            token_ids), mapping token ids to `Logprob`: the sampled token and the `logprobs` most
+            likely ones; None otherwise.
         finish_reason: None while it runs, then "stop", "length" or "abort".
         stop_reason: the stop token id or stop string that ended it; None for an end-of-sequence
             token, a length cap or an abort.
@@ -177,7 +204,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[dict[int, Any]] | None
+    logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -187,12 +214,17 @@ class CompletionOutput:
     @classmethod
     def from_sequence(cls, seq: Sequence, text: str) -> "CompletionOutput":
         """The sequence's state now; `text` is its detokenized completion, made by the engine."""
+        token_ids = seq.completion_token_ids
+        logprobs = cumulative = None
+        if seq.sampling_params.logprobs is not None:
+            logprobs = seq.output_logprobs[: len(token_ids)]
+            cumulative = sum(entry[token].logprob for entry, token in zip(logprobs, token_ids))
         return cls(
             index=seq.index,
             text=text,
-            token_ids=seq.completion_token_ids,
-            cumulative_logprob=None,
-            logprobs=None,
+            token_ids=token_ids,
+            cumulative_logprob=cumulative,
+            logprobs=logprobs,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
         )
@@ -206,7 +238,9 @@ class RequestOutput:
         request_id: the id the request was added with (or the engine gave it).
         prompt: the prompt's text; None for a prompt given as token ids.
         prompt_token_ids: the prompt as the model sees it.
-        prompt_logprobs: None: tinyvllm computes no logprobs yet.
+        prompt_logprobs: with `SamplingParams.prompt_logprobs`, one entry per prompt token: None
+            for the first, then a dict like `CompletionOutput.logprobs`' (the prompt token and
+            the most likely ones at its position); None otherwise.
         outputs: one CompletionOutput per completion (`SamplingParams.n` of them, by index).
         finished: True once every completion has finished.
         num_cached_tokens: prompt tokens whose K/V came from the prefix cache when the prompt
@@ -216,7 +250,7 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    prompt_logprobs: list[dict[int, Any] | None] | None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
@@ -229,7 +263,7 @@ class RequestOutput:
             request_id=first.request_id,
             prompt=first.prompt,
             prompt_token_ids=first.prompt_token_ids,
-            prompt_logprobs=None,
+            prompt_logprobs=None if first.prompt_logprobs is None else list(first.prompt_logprobs),
             outputs=[CompletionOutput.from_sequence(seq, text) for seq, text in zip(seqs, texts)],
             finished=all(seq.is_finished for seq in seqs),
             num_cached_tokens=first.num_cached_tokens or 0,

@@ -97,6 +97,7 @@ def build_step(
         top_k=np.array([p.top_k for p in params], dtype=np.int32),
         top_p=np.array([p.top_p for p in params], dtype=np.float32),
         min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        num_logprobs=np.array([-1 if p.logprobs is None else p.logprobs for p in params], dtype=np.int32),
         seeds=np.array([seq.seed for seq in sampling], dtype=np.uint64),
         sample_positions=np.array([seq.num_tokens for seq in sampling], dtype=np.int64),
         **_penalty_fields(sampling, penalty_slots),

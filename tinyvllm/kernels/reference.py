@@ -236,6 +236,18 @@ def min_p_filter(logits: np.ndarray, temperature: float, min_p: float) -> np.nda
     return np.where(probs < min_p * probs.max(), -np.inf, logits).astype(logits.dtype)
 
 
+def logprobs(logits: np.ndarray, sampled: int, num_top: int) -> tuple[float, int, np.ndarray, np.ndarray]:
+    """One row's raw log-softmax, in float64: the sampled token's logprob and rank (1 + the
+    tokens with a larger logit), and the ids and logprobs of the `num_top` most likely tokens,
+    most likely first, ties to the lowest id (`kernels/logprobs.py`)."""
+    logits = np.asarray(logits, np.float64)
+    peak = logits.max()
+    log_softmax = logits - (peak + np.log(np.exp(logits - peak).sum()))
+    top = np.argsort(-logits, kind="stable")[:num_top]
+    rank = int((logits > logits[sampled]).sum()) + 1
+    return float(log_softmax[sampled]), rank, top.astype(np.int32), log_softmax[top]
+
+
 LOW32 = np.uint64(0xFFFFFFFF)
 SHIFT_32 = np.uint64(32)
 _SHIFT_15 = np.uint64(15)

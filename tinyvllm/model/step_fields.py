@@ -82,6 +82,7 @@ STEP_FIELDS = (
     StepField("min_p", Extent.SAMPLED_ROW, np.float32, 0.0),
     StepField("penalty_slots", Extent.SAMPLED_ROW, np.int32, -1),  # row of the token state, or -1: none
     StepField("mask_stop_tokens", Extent.SAMPLED_ROW, np.int32, 0),  # 1: fewer than min_tokens generated
+    StepField("num_logprobs", Extent.SAMPLED_ROW, np.int32, -1),  # top logprobs to return, or -1: none
     StepField("block_tables", Extent.BLOCK_TABLE, np.int32, 0),
 )
 # --8<-- [end:fields]

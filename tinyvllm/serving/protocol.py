@@ -9,12 +9,14 @@ Supported: model, prompt / messages, max_tokens (and max_completion_tokens for c
 temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
 0 .. n-1, from one request whose prompt is computed once), presence_penalty,
 frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
-repetition_penalty, min_p and min_tokens. Fields left out (or null) take the
+repetition_penalty, min_p and min_tokens; logprobs, OpenAI's way for each endpoint (chat:
+`logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`; N in [0, 20], the raw
+model distribution as vLLM's default). Fields left out (or null) take the
 model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
 max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
 the context is refused with both numbers, as vLLM does. One prompt per request: a list of prompts is
-refused (send one request each). Fields tinyvllm cannot honour (logprobs, logit_bias, tools,
+refused (send one request each). Fields tinyvllm cannot honour (echo, logit_bias, tools,
 ...) are refused unless they hold their default value; unknown fields are ignored.
 """
 
@@ -27,12 +29,11 @@ from jinja2 import TemplateError
 
 from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from tinyvllm.serving.logprobs import chat_logprobs, completion_logprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 UNSUPPORTED = {  # field: the values that mean "not used"
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
@@ -45,7 +46,8 @@ PENALTIES_AND_MIN = ("presence_penalty", "frequency_penalty", "repetition_penalt
 FIELDS = {
     *PENALTIES_AND_MIN,
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-    "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", *UNSUPPORTED,
+    "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", "logprobs", "top_logprobs",
+    *UNSUPPORTED,
 }  # fmt: skip
 
 
@@ -100,7 +102,10 @@ def parse_completion(
     prompt = _prompt(body)
     prompt_len = len(tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
     _check_context(body, "max_tokens", prompt_len, max_tokens, max_model_len)
-    return _generation(body, prompt, defaults, max_tokens, "prompt")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        _check_logprobs_count("logprobs", logprobs)
+    return _generation(body, prompt, defaults, max_tokens, "prompt", logprobs)
 
 
 def parse_chat(
@@ -116,7 +121,26 @@ def parse_chat(
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
     max_tokens = _max_tokens(body, name, default, max_tokens_limit)
     _check_context(body, name, len(prompt), max_tokens, max_model_len)
-    return _generation(body, prompt, defaults, max_tokens, "messages")
+    return _generation(body, prompt, defaults, max_tokens, "messages", _chat_logprobs(body))
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's `logprobs: true` with `top_logprobs: N` (0 when left out) as SamplingParams.logprobs."""
+    wanted = _given(body, "logprobs", False)
+    if not isinstance(wanted, bool):
+        raise OpenAIError(400, f"logprobs must be a boolean for chat completions, got {wanted!r}", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if wanted else None
+    _check_logprobs_count("top_logprobs", top)
+    if not wanted:
+        raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return top
+
+
+def _check_logprobs_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise OpenAIError(400, f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", param=name)
 
 
 def _check_context(body: dict, name: str, prompt_len: int, max_tokens: int, max_model_len: int) -> None:
@@ -132,7 +156,12 @@ def _check_context(body: dict, name: str, prompt_len: int, max_tokens: int, max_
 
 
 def _generation(
-    body: dict, prompt: str | list[int], defaults: SamplingParams, max_tokens: int, prompt_field: str
+    body: dict,
+    prompt: str | list[int],
+    defaults: SamplingParams,
+    max_tokens: int,
+    prompt_field: str,
+    logprobs: int | None,
 ) -> GenerationRequest:
     for name, unused in UNSUPPORTED.items():
         if not _is_default(body.get(name), unused):
@@ -151,6 +180,7 @@ def _generation(
             stop_token_ids=body.get("stop_token_ids"),
             ignore_eos=_given(body, "ignore_eos", False),
             seed=body.get("seed"),
+            logprobs=logprobs,
             **{name: body[name] for name in PENALTIES_AND_MIN if body.get(name) is not None},
         )
     except ValueError as error:
@@ -244,17 +274,19 @@ def usage(output: RequestOutput) -> dict:
 
 
 class CompletionsAPI:
-    """/v1/completions: choices carry `text`."""
+    """/v1/completions: choices carry `text`, and `logprobs` OpenAI's legacy lists."""
 
     id_prefix = "cmpl"
     object = "text_completion"
     chunk_object = "text_completion"
 
     @staticmethod
-    def choice(index: int, text: str, finish_reason: str | None) -> dict:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     chunk_choice = choice
+
+    logprobs = staticmethod(completion_logprobs)
 
     @staticmethod
     def first_chunk_choice(index: int) -> dict | None:
@@ -262,21 +294,24 @@ class CompletionsAPI:
 
 
 class ChatAPI:
-    """/v1/chat/completions: choices carry a `message`, stream chunks a `delta`."""
+    """/v1/chat/completions: choices carry a `message`, stream chunks a `delta`, and
+    `logprobs` {"content": [a token, its logprob, bytes and top_logprobs, per token]}."""
 
     id_prefix = "chatcmpl"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
     @staticmethod
-    def choice(index: int, text: str, finish_reason: str | None) -> dict:
+    def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
         message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     @staticmethod
-    def chunk_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    def chunk_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
         delta = {"content": text} if text or finish_reason is None else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    logprobs = staticmethod(chat_logprobs)
 
     @staticmethod
     def first_chunk_choice(index: int) -> dict | None:

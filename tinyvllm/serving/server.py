@@ -172,7 +172,8 @@ class OpenAIServer:
             stream.abort()
         if output is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        choices = [api.choice(c.index, c.text, c.finish_reason) for c in output.outputs]
+        top = generation.params.logprobs
+        choices = [api.choice(c.index, c.text, c.finish_reason, api.logprobs(c, 0, top)) for c in output.outputs]
         return JSONResponse({**head, "choices": choices, "usage": usage(output)})
 
 
@@ -224,9 +225,9 @@ async def _until_disconnected(request: Request) -> None:
 async def stream_events(
     api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
 ) -> AsyncIterator[bytes]:
-    """The SSE chunks of one request's outputs: for each choice, deltas of final text and its
-    finish reason; then usage, [DONE]."""
-    stop = generation.params.stop
+    """The SSE chunks of one request's outputs: for each choice, deltas of final text (with
+    the logprobs of the tokens since the last chunk) and its finish reason; then usage, [DONE]."""
+    stop, top = generation.params.stop, generation.params.logprobs
     extra = {"usage": None} if generation.include_usage else {}
     n = generation.params.n
     for index in range(n):
@@ -234,6 +235,7 @@ async def stream_events(
         if first is not None:
             yield _event({**head, "choices": [first], **extra})
     sent = [""] * n
+    sent_tokens = [0] * n
     ended = [False] * n
     try:
         async for output in outputs:
@@ -244,9 +246,10 @@ async def stream_events(
                 if not finished:
                     text = text[: len(text) - partial_stop_length(text, stop)]
                 if len(text) > len(sent[index]) or finished:
-                    choice = api.chunk_choice(index, text[len(sent[index]) :], completion.finish_reason)
+                    logprobs = api.logprobs(completion, sent_tokens[index], top)
+                    choice = api.chunk_choice(index, text[len(sent[index]) :], completion.finish_reason, logprobs)
                     yield _event({**head, "choices": [choice], **extra})
-                    sent[index], ended[index] = text, finished
+                    sent[index], sent_tokens[index], ended[index] = text, len(completion.token_ids), finished
         if generation.include_usage:
             yield _event({**head, "choices": [], "usage": usage(output)})
     except EngineClosedError as error:

@@ -1,0 +1,91 @@
+"""Logprobs through the server, parsed by the official `openai` client: chat's
+`logprobs.content` and completions' legacy lists, streamed and not, against the offline
+engine's own logprobs for the same greedy request (tests/test_engine_logprobs.py holds
+those to a float64 oracle)."""
+
+import openai
+import pytest
+
+from tests.server_fixtures import serve, tiny_model_dir  # noqa: F401
+from tinyvllm import SamplingParams
+from tinyvllm.llm import LLM
+
+MODEL_NAME = "tiny-logprobs"
+MAX_TOKENS = 6
+PROMPT = "Once upon a time"
+CHAT = [{"role": "user", "content": "Hi there"}]
+TOLERANCE = 1e-5
+"""Nats: the NumPy forward's float32 sums round differently from one request to the next."""
+GREEDY = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir):  # noqa: F811
+    args = ["--model", str(tiny_model_dir), "--backend", "numpy", "--num-blocks", "128",
+            "--max-model-len", "128", "--served-model-name", MODEL_NAME]  # fmt: skip
+    with serve(args) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_model_dir):  # noqa: F811
+    return LLM(tiny_model_dir, backend="numpy", num_blocks=64, max_model_len=128)
+
+
+def _offline(oracle, prompt, count: int):
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=count)
+    [output] = oracle.chat(prompt, params) if isinstance(prompt, list) else oracle.generate(prompt, params)
+    return output.outputs[0]
+
+
+def test_completion_logprobs_streamed_and_not(client, oracle):
+    expected = _offline(oracle, PROMPT, 3)
+    tokens = [entry[token].decoded_token for entry, token in zip(expected.logprobs, expected.token_ids)]
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, logprobs=3, **GREEDY)
+    logprobs = response.choices[0].logprobs
+    assert logprobs.tokens == tokens
+    assert logprobs.token_logprobs == pytest.approx(
+        [entry[token].logprob for entry, token in zip(expected.logprobs, expected.token_ids)], abs=TOLERANCE
+    )
+    # keyed by text, as OpenAI's legacy shape is: tokens that decode alike share a key
+    assert [list(top) for top in logprobs.top_logprobs] == [
+        list({logprob.decoded_token: None for logprob in entry.values()}) for entry in expected.logprobs
+    ]
+    assert logprobs.text_offset == [sum(len(text) for text in tokens[:i]) for i in range(len(tokens))]
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, logprobs=3, stream=True, **GREEDY))
+    streamed = [chunk.choices[0].logprobs for chunk in chunks if chunk.choices[0].logprobs is not None]
+    assert sum((part.tokens for part in streamed), []) == tokens
+    assert sum((part.token_logprobs for part in streamed), []) == pytest.approx(logprobs.token_logprobs, abs=TOLERANCE)
+    assert sum((part.text_offset for part in streamed), []) == logprobs.text_offset
+
+
+def test_chat_logprobs_streamed_and_not(client, oracle):
+    expected = _offline(oracle, CHAT, 2)
+    response = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, logprobs=True, top_logprobs=2, **GREEDY)
+    content = response.choices[0].logprobs.content
+    assert len(content) == MAX_TOKENS
+    for item, token, entry in zip(content, expected.token_ids, expected.logprobs):
+        assert item.token == entry[token].decoded_token and item.bytes == list(item.token.encode())
+        assert item.logprob == pytest.approx(entry[token].logprob, abs=TOLERANCE)
+        assert [top.token for top in item.top_logprobs] == [lp.decoded_token for lp in list(entry.values())[:2]]
+        assert item.top_logprobs[0].logprob >= item.logprob - 1e-6  # greedy: the sampled token is the top one
+    chunks = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, logprobs=True, top_logprobs=2, stream=True, **GREEDY
+    )
+    streamed = [
+        item
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for item in chunk.choices[0].logprobs.content
+    ]
+    assert [item.token for item in streamed] == [item.token for item in content]
+    assert [item.logprob for item in streamed] == pytest.approx([item.logprob for item in content], abs=TOLERANCE)
+
+
+def test_chat_logprobs_without_top_logprobs_and_requests_without_them(client):
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, **GREEDY)
+    assert plain.choices[0].logprobs is None
+    sampled_only = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, logprobs=True, **GREEDY)
+    assert [item.top_logprobs for item in sampled_only.choices[0].logprobs.content] == [[]] * MAX_TOKENS
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL_NAME, messages=CHAT, top_logprobs=3, **GREEDY)

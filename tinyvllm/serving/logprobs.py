@@ -1,0 +1,53 @@
+"""Logprobs in OpenAI's two response shapes, from a completion's vLLM-shaped entries
+(`CompletionOutput.logprobs`: one {token id: Logprob} dict per generated token, its top
+tokens first, then the sampled one when it is not among them).
+
+Both take `start`, the first token to include, so that a stream chunk carries the
+logprobs of the tokens since the chunk before, as its text delta carries their text.
+"""
+
+from tinyvllm.engine.sequence import CompletionOutput, Logprob
+
+
+def _sampled(completion: CompletionOutput, start: int) -> list[tuple[Logprob, dict[int, Logprob]]]:
+    """(the sampled token's Logprob, its whole entry) of each generated token from `start` on."""
+    return [(entry[token], entry) for token, entry in zip(completion.token_ids[start:], completion.logprobs[start:])]
+
+
+def completion_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | None:
+    """/v1/completions' legacy lists for the tokens from `start` on: their texts, logprobs,
+    {text: logprob} of the top ones and the sampled one, and where each text starts in the
+    completion's text (the decoded tokens laid end to end); None without logprobs. `top` is
+    the chat shape's; here each dict holds the token's whole entry, as vLLM's does."""
+    if completion.logprobs is None:
+        return None
+    offset = sum(len(sampled.decoded_token) for sampled, _ in _sampled(completion, 0)[:start])
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for sampled, entry in _sampled(completion, start):
+        tokens.append(sampled.decoded_token)
+        token_logprobs.append(sampled.logprob)
+        top_logprobs.append({logprob.decoded_token: logprob.logprob for logprob in entry.values()})
+        text_offset.append(offset)
+        offset += len(sampled.decoded_token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
+def _chat_token(logprob: Logprob) -> dict:
+    return {"token": logprob.decoded_token, "logprob": logprob.logprob, "bytes": list(logprob.decoded_token.encode())}
+
+
+def chat_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | None:
+    """/v1/chat/completions' {"content": [...]} for the tokens from `start` on: each token,
+    its logprob and UTF-8 bytes, and its `top` most likely alternatives; None without logprobs."""
+    if completion.logprobs is None:
+        return None
+    content = [
+        {**_chat_token(sampled), "top_logprobs": [_chat_token(logprob) for logprob in list(entry.values())[:top]]}
+        for sampled, entry in _sampled(completion, start)
+    ]
+    return {"content": content}
