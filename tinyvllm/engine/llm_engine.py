@@ -139,7 +139,12 @@ class LLMEngine:
         """The prompt's text (None for token ids) and token ids, once every check of add_request
         that does not depend on the engine's state has passed (ValueError naming the problem).
         It reads only the configuration and the tokenizer, so a server's thread may call it
-        while the engine's thread steps."""
+        while the engine's thread steps.
+
+        Args:
+            prompt: as for `add_request`.
+            params: the request's sampling, as `add_request` will take it.
+        """
         params.validate_for_vocab(self.config.vocab_size)
         text, token_ids = self._tokenize(prompt)
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
