@@ -196,8 +196,7 @@ class LLMEngine:
         batch, step = previous
         self.scheduler.postprocess(batch, self.runner.collect(step))
         if step.logprobs is not None:
-            sampling = [seq for seq, samples in zip(batch.seqs, batch.samples.tolist()) if samples]
-            record_logprobs(self.tokenizer, sampling, batch.pending_indices, step.logprobs)
+            record_logprobs(self.tokenizer, batch.sampling_seqs, batch.pending_indices, step.logprobs)
         if step.prompt_rows is not None:
             record_prompt_logprobs(self.tokenizer, step.prompt_rows)
         progressed: dict[str, _Request] = {}

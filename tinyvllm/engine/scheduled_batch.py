@@ -1,6 +1,7 @@
 """What the scheduler hands the runner for one step: which sequences compute how many tokens."""
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -29,3 +30,8 @@ class ScheduledBatch:
     @property
     def num_samples(self) -> int:
         return int(self.samples.sum())
+
+    @cached_property
+    def sampling_seqs(self) -> list[Sequence]:
+        """The sequences that sample, in batch order: the j-th owns row j of the step's samples."""
+        return [seq for seq, samples in zip(self.seqs, self.samples.tolist()) if samples]

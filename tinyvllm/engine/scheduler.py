@@ -229,7 +229,7 @@ class Scheduler:
         sampled = np.asarray(sampled_token_ids)
         if sampled.shape != (batch.num_samples,):
             raise ValueError(f"sampled_token_ids must have shape ({batch.num_samples},), got {sampled.shape}")
-        sampling = [seq for seq, samples in zip(batch.seqs, batch.samples.tolist()) if samples]
+        sampling = batch.sampling_seqs
         finished = []
         block_size = self.config.block_size
         for seq, index, token in zip(sampling, batch.pending_indices, sampled.tolist()):

@@ -82,7 +82,7 @@ def build_step(
     block_tables[table_rows, table_cols] = flat_tables
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
     slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
-    sampling = [seq for seq, samples in zip(seqs, batch.samples) if samples]
+    sampling = batch.sampling_seqs
     params = [seq.sampling_params for seq in sampling]
     return HostStep(
         token_ids=token_ids,
