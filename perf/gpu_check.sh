@@ -2,7 +2,8 @@
 # The one entry point on the GPU machine (../shared/GPU.md): the test suite on the real GPU,
 # then the benchmarks, logs and JSON under $OUT.
 #
-#   bash perf/gpu_check.sh [tests] [kernels] [engine] [profile] [serve]     (default: all five)
+#   bash perf/gpu_check.sh [tests] [kernels] [engine] [profile] [serve] [peers]
+#                                                  (default: all but peers)
 #
 # tests: the suite over one pytest-xdist worker per core, then the tests marked `serial`
 # (they size the KV cache from free GPU memory, which other workers would change) alone.
@@ -10,6 +11,8 @@
 # BASELINE_REV=REV, the engine benchmarks run there first, in the same command, so the two
 # revisions' figures come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
 # ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
+# peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
+# `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
 # The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
 # cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
@@ -79,6 +82,8 @@ for stage in $stages; do
       run python3 -m perf.timeline_step ;;
     serve)
       run python3 -m perf.bench_serve ;;
+    peers)
+      run python3 -m perf.bench_peers ${VLLM_SITE:+--vllm-site "$VLLM_SITE"} ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
 done

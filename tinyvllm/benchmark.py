@@ -71,18 +71,26 @@ def timed_generate(llm: LLM, workload: Workload) -> float:
 
 
 def decode_latency(
-    llm: LLM, prompt_len: int = 128, new_tokens: int = 256, repeats: int = 3, progress: Callable[[str], None] = quiet
+    llm: LLM,
+    prompt_len: int = 128,
+    new_tokens: int = 256,
+    repeats: int = 3,
+    progress: Callable[[str], None] = quiet,
+    vocab_size: int | None = None,
 ) -> dict:
-    vocab = llm.engine.config.vocab_size
-    prompt = random_workload(1, (prompt_len, prompt_len), (1, 1), vocab).prompts
-    first = Workload(prompt, [1])
-    full = Workload(prompt, [new_tokens])
+    """`vocab_size` defaults to the tinyvllm engine's; a peer engine passes it."""
+    vocab = vocab_size or llm.engine.config.vocab_size
+
+    def fresh(run: int, tokens: int) -> Workload:
+        # each run its own prompt: with the prefix cache on, a repeated prompt would be a cache hit
+        return Workload(random_workload(1, (prompt_len, prompt_len), (1, 1), vocab, seed=run).prompts, [tokens])
+
     progress(f"warm-up: {prompt_len} prompt tokens, {new_tokens} new")
-    timed_generate(llm, full)
+    timed_generate(llm, fresh(0, new_tokens))
     progress(f"time to first token: best of {repeats} runs")
-    first_s = min(timed_generate(llm, first) for _ in range(repeats))
+    first_s = min(timed_generate(llm, fresh(1 + run, 1)) for run in range(repeats))
     progress(f"{new_tokens} tokens: best of {repeats} runs")
-    full_s = min(timed_generate(llm, full) for _ in range(repeats))
+    full_s = min(timed_generate(llm, fresh(1 + repeats + run, new_tokens)) for run in range(repeats))
     decode_s = full_s - first_s
     return {
         "prompt_len": prompt_len,
@@ -106,10 +114,13 @@ def throughput(llm: LLM, workload: Workload, progress: Callable[[str], None] = q
     }
 
 
-def prefill_throughput(llm: LLM, num_prompts: int = 64, prompt_len: int = 1024) -> dict:
-    vocab = llm.engine.config.vocab_size
+def prefill_throughput(llm: LLM, num_prompts: int = 64, prompt_len: int = 1024, vocab_size: int | None = None) -> dict:
+    """Prompt tokens/s over num_prompts prompts of prompt_len tokens, one output token each.
+    The warm-up's prompts are not the timed ones: with the prefix cache on, timed prompts found
+    cached would compute less, and their chunks would straddle every step's budget."""
+    vocab = vocab_size or llm.engine.config.vocab_size
     workload = random_workload(num_prompts, (prompt_len, prompt_len), (1, 1), vocab, seed=1)
-    timed_generate(llm, Workload(workload.prompts[:2], [1, 1]))
+    timed_generate(llm, random_workload(2, (prompt_len, prompt_len), (1, 1), vocab, seed=2))
     seconds = timed_generate(llm, workload)
     tokens = num_prompts * prompt_len
     return {"prompts": num_prompts, "prompt_len": prompt_len, "seconds": seconds, "prefill_tok_per_s": tokens / seconds}
