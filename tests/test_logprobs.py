@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import pick, poisoned
 from tinyvllm.kernels import reference
-from tinyvllm.kernels.logprobs import compute_logprobs
+from tinyvllm.kernels.logprobs import KEPT, THREADS, compute_logprobs
 from tinyvllm.sampling_params import MAX_LOGPROBS
 
 MAX_ROWS = pick(3, 256)
@@ -35,9 +35,7 @@ def logprob_rows(draw):
     return logits, counts, sampled
 
 
-@given(logprob_rows())
-def test_kernel_matches_the_float64_log_softmax(case):
-    logits, counts, sampled = case
+def check_against_reference(logits, counts, sampled):
     rows = logits.shape[0]
     outputs = {
         "top_ids": poisoned((rows, MAX_LOGPROBS), np.int32),
@@ -59,6 +57,23 @@ def test_kernel_matches_the_float64_log_softmax(case):
         assert got["top_ids"][row, :count].tolist() == ids.tolist()
         np.testing.assert_allclose(got["top_logprobs"][row, :count], values, atol=TOLERANCE)
         assert (got["top_ids"][row, count:] == -1).all() and np.isnan(got["top_logprobs"][row, count:]).all()
+
+
+@given(logprob_rows())
+def test_kernel_matches_the_float64_log_softmax(case):
+    check_against_reference(*case)
+
+
+@pytest.mark.parametrize("clustered", [False, True])
+def test_the_top_in_one_threads_share_of_the_row_takes_the_second_pass(clustered):
+    """Thread t reads the logits t, t + THREADS, ...: raise 2 * KEPT of them (more than its
+    registers keep) to be the row's top 2 * KEPT, or raise as many, one a thread (one pass)."""
+    vocab = THREADS * 3 * KEPT
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((2, vocab)).astype(np.float32)
+    raised = 3 + THREADS * np.arange(2 * KEPT) if clustered else np.arange(2 * KEPT) * (THREADS + 1)
+    logits[:, raised] += 10 + np.arange(2 * KEPT, dtype=np.float32)
+    check_against_reference(logits, np.full(2, 2 * KEPT, np.int32), np.array([3, 5], np.int32))
 
 
 def test_reference_ranks_count_the_larger_logits_and_order_ties_by_id():
