@@ -2,8 +2,8 @@
 # The one entry point on the GPU machine (../shared/GPU.md): the test suite on the real GPU,
 # then the benchmarks, logs and JSON under $OUT.
 #
-#   bash perf/gpu_check.sh [tests] [kernels] [engine] [profile] [serve] [peers]
-#                                                  (default: all but peers)
+#   bash perf/gpu_check.sh [tests] [kernels] [sampling] [engine] [prefix] [profile] [serve] [peers]
+#                          (default: tests kernels engine prefix profile serve)
 #
 # tests: the suite over one pytest-xdist worker per core, then the tests marked `serial`
 # (they size the KV cache from free GPU memory, which other workers would change) alone.
@@ -31,7 +31,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
   export PYTHONPATH=$PWD
 fi
-stages=${*:-tests kernels engine profile serve}
+stages=${*:-tests kernels engine prefix profile serve}
 started=$(mktemp)  # only the JSON written after this goes to $OUT, which takes 8 files at most
 status=0
 run() { echo "== $*"; "$@" || { echo "== FAILED (rc $?): $*"; status=1; }; }
@@ -64,6 +64,8 @@ for stage in $stages; do
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
+    sampling)
+      run python3 -m perf.bench_sampling ;;
     engine)
       if [ -n "${BASELINE:-}" ]; then
         echo "== baseline $BASELINE: bench_decode, bench_throughput (no peers)"
@@ -73,7 +75,8 @@ for stage in $stages; do
           for f in bench_decode bench_throughput; do cp perf/results/$f.json "$OUT/baseline_$f.json"; done) || status=1
       fi
       run python3 -m perf.bench_decode ${ENGINE_FLAGS:-}
-      run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-}
+      run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-} ;;
+    prefix)
       run python3 -m perf.bench_prefix ;;
     profile)
       run python3 -m perf.profile_step --model llama-1b
