@@ -118,7 +118,10 @@ def test_normed_gate_up_with_silu_matches_reference(problem, kernel):
         norm=norm_on_device(x, gain, eps),
         kernel=kernel,
     )
-    silu_tests.assert_matches_reference(out.copy_to_host(), normed_bits(x, gain, eps), weight)
+    # the GEMV multiplies the normed row unrounded: rounding it first moves a product whose
+    # terms cancel (found on the H200 at ca7724f: 8 terms of about 1 summing to 0.0032)
+    rows = normed(x, gain, eps) if kernel == "gemv" else normed_bits(x, gain, eps)
+    silu_tests.assert_matches_reference(out.copy_to_host(), rows, weight)
 
 
 @sharded(2)

@@ -42,8 +42,10 @@ def assert_matches_reference(actual, x, weight) -> None:
     unfused path stores it, then SwiGLU in float64), measured against the largest the
     output could be given its factors, |silu(g) u| <= |g u|. A norm of the outputs alone is
     ill-conditioned: where g is large and negative, silu(g) u is tiny and a one-ulp change
-    of the rounded g moves it by half of itself."""
-    gate_up = from_bf16(to_bf16(reference.linear(widen(x), widen(weight)))).astype(np.float64)
+    of the rounded g moves it by half of itself. x is bf16 bits, or float64 rows that the
+    kernel multiplies unrounded."""
+    rows = x if x.dtype == np.float64 else widen(x)
+    gate_up = from_bf16(to_bf16(reference.linear(rows, widen(weight)))).astype(np.float64)
     error = np.linalg.norm(widen(actual) - reference.silu_mul(gate_up))
     assert error <= BF16_TOLERANCE * np.linalg.norm(gate_up[..., 0::2] * gate_up[..., 1::2])
 
