@@ -26,7 +26,8 @@ the other way, from the raw logits (never changed) into the ones they change: th
 bytes moved, and every repeat starts from the same row instead of the last one's output
 (min-p's -inf in most of it). Its ratio to today's sampler with
 the same filters (top_k_top_p), and to plain, are printed and kept; bar, on the first: at most OPTIONS_BAR_RATIO at
-S = 256, V = 128256. Results go to perf/results/bench_sampling.json.
+S = 256, V = 128256. Each of its kernels is also timed alone at that shape (`--breakdown`:
+only that). Results go to perf/results/bench_sampling.json.
 """
 
 import argparse
@@ -126,15 +127,35 @@ def every_option_step(logits, out, workspace, seeds):
         cuda.device_array(rows, np.int32),
     )
 
-    def call():
-        logits.copy_to_device(raw_logits)  # the runner's copy, run from raw to the logits changed below
-        apply_penalties(logits, state, slots, *row_params, mask_stop_tokens)
-        apply_min_p(logits, sampler_params[0], min_p)
-        sample(logits, *sampler_params, out, *workspace)
-        count_sampled_tokens(state, slots, out)
-        compute_logprobs(raw_logits, num_logprobs, out, *logprobs_out)
+    # the runner's copy, run from the raw logits to the ones the kernels after it change
+    stages = {
+        "copy": lambda: logits.copy_to_device(raw_logits),
+        "penalties": lambda: apply_penalties(logits, state, slots, *row_params, mask_stop_tokens),
+        "min_p": lambda: apply_min_p(logits, sampler_params[0], min_p),
+        "sample": lambda: sample(logits, *sampler_params, out, *workspace),
+        "count": lambda: count_sampled_tokens(state, slots, out),
+        "logprobs": lambda: compute_logprobs(raw_logits, num_logprobs, out, *logprobs_out),
+    }
 
+    def call():
+        for stage in stages.values():
+            stage()
+
+    call.stages = stages
     return call
+
+
+def every_option_breakdown(kind: str, repeats: int) -> dict:
+    """Each kernel of every_option's step timed alone at BAR_SHAPE, after one whole step
+    (so that each sees the row it sees inside the step), in microseconds."""
+    rows, vocab = BAR_SHAPE
+    logits = random_logits(rows, vocab, kind)
+    shape = sample_workspace_shape(rows, vocab)
+    workspace = cuda.device_array(shape, np.float32), cuda.device_array(shape, np.int32)
+    seeds = rng.integers(0, 2**63, rows, dtype=np.uint64)
+    step = every_option_step(logits, cuda.device_array(rows, np.int32), workspace, seeds)
+    step()
+    return {name: median_ms(stage, repeats=repeats) * 1e3 for name, stage in step.stages.items()}
 
 
 def options_ratios(results: list[dict]) -> list[dict]:
@@ -156,9 +177,16 @@ def options_ratios(results: list[dict]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--breakdown", action="store_true", help="only every_option's kernels, each alone")
     args = parser.parse_args()
     if config.ENABLE_CUDASIM:
         raise SystemExit("bench_sampling times real kernels: it needs a CUDA GPU, not the simulator")
+    breakdown = {kind: every_option_breakdown(kind, args.repeats) for kind in ("flat", "peaked")}
+    for kind, stages in breakdown.items():
+        cells = "  ".join(f"{name} {us:.1f}" for name, us in stages.items())
+        print(f"{EVERY_OPTION} at S={BAR_SHAPE[0]}, V={BAR_SHAPE[1]}, {kind}, each kernel alone (us): {cells}")
+    if args.breakdown:
+        return
 
     results = []
     print(f"{'op':<20} {'logits':<7} {'S':>4} {'V':>7} {'passes':>6} {'us':>9} {'TB/s':>6} {'% ceiling':>9}")
@@ -219,6 +247,7 @@ def main() -> None:
         "history": HISTORY,
         "results": results,
         "options_ratios": ratios,
+        "every_option_breakdown_us": breakdown,
     }
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {RESULTS}")
