@@ -38,6 +38,7 @@ from numba import cuda, float32, int32
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max, block_sum
+from tinyvllm.kernels.device.rows import logit_or_minus_inf
 from tinyvllm.kernels.device.simulator import gpu_or_simulator
 from tinyvllm.sampling_params import MAX_LOGPROBS
 
@@ -45,8 +46,32 @@ THREADS = gpu_or_simulator(512, 8)
 """Threads per block (a power of two, as the block reductions need)."""
 KEPT = 4
 """(value, index) pairs each thread keeps in registers in the one pass."""
+UNROLL = 4
+"""Logits a thread loads before it uses the first of them."""
 
 _NO_INDEX = np.int32(2**31 - 1)
+
+
+@cuda.jit(device=True, inline=True)
+def _take(value, i, token_logit, peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3):
+    """One logit into a thread's running state: the online log-sum-exp (peak, total), the
+    count above the sampled token's logit, and the sorted four largest (v, i)."""
+    if value > peak:
+        total = total * math.exp(peak - value) + float32(1.0)  # exp(-inf) = 0 at the first
+        peak = value
+    elif value > float32(-math.inf):
+        total += math.exp(value - peak)
+    if value > token_logit:
+        above += float32(1.0)
+    if argmax_better(value, i, v3, i3):  # into the sorted four, from the bottom
+        v3, i3 = value, i
+        if argmax_better(v3, i3, v2, i2):
+            v2, v3, i2, i3 = v3, v2, i3, i2
+            if argmax_better(v2, i2, v1, i1):
+                v1, v2, i1, i2 = v2, v1, i2, i1
+                if argmax_better(v1, i1, v0, i0):
+                    v0, v1, i0, i1 = v1, v0, i1, i0
+    return peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3
 
 
 @cuda.jit(device=True, inline=True)
@@ -103,23 +128,16 @@ def _logprobs_kernel(logits, num_logprobs, sampled, top_ids, top_logprobs, sampl
     above = float32(0.0)
     v0 = v1 = v2 = v3 = float32(-math.inf)
     i0 = i1 = i2 = i3 = _NO_INDEX
-    for i in range(tid, vocab, THREADS):
-        value = logits[row, i]
-        if value > peak:
-            total = total * math.exp(peak - value) + float32(1.0)  # exp(-inf) = 0 at the first
-            peak = value
-        elif value > float32(-math.inf):
-            total += math.exp(value - peak)
-        if value > token_logit:
-            above += float32(1.0)
-        if argmax_better(value, i, v3, i3):  # into the sorted four, from the bottom
-            v3, i3 = value, i
-            if argmax_better(v3, i3, v2, i2):
-                v2, v3, i2, i3 = v3, v2, i3, i2
-                if argmax_better(v2, i2, v1, i1):
-                    v1, v2, i1, i2 = v2, v1, i2, i1
-                    if argmax_better(v1, i1, v0, i0):
-                        v0, v1, i0, i1 = v1, v0, i1, i0
+    for start in range(tid, vocab, THREADS * UNROLL):
+        # four loads in flight before the first is used (device/rows.py)
+        a = logit_or_minus_inf(logits, row, start)
+        b = logit_or_minus_inf(logits, row, start + THREADS)
+        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
+        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        for value, i in ((a, start), (b, start + THREADS), (c, start + 2 * THREADS), (d, start + 3 * THREADS)):
+            peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3 = _take(
+                value, i, token_logit, peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3
+            )
     block_peak = block_max(peak, scratch)
     share = total * math.exp(peak - block_peak) if total > 0 else float32(0.0)
     total = block_sum(share, scratch)

@@ -25,7 +25,7 @@ penalized row launches neither the penalty kernel nor the count update, and one 
 min-p row no min-p kernel, so a plain step launches what it launched before.
 
 `min_p` needs the row's maximum, so it runs one block per row, two passes: the maximum,
-then the mask. Rows it does not apply to (greedy, min_p 0) return at once.
+then the mask, each thread with four loads in flight. Rows it does not apply to (greedy, min_p 0) return at once.
 """
 
 import math
@@ -36,6 +36,7 @@ from numba import cuda, float32, int32
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import block_max
+from tinyvllm.kernels.device.rows import logit_or_minus_inf
 from tinyvllm.kernels.device.simulator import gpu_or_simulator
 from tinyvllm.kernels.token_state import COUNT_MASK, PROMPT_BIT, STOP_BIT
 
@@ -100,12 +101,23 @@ def _min_p_kernel(logits, temperature, min_p):
     scratch = cuda.shared.array(THREADS, float32)
     vocab = logits.shape[1]
     best = float32(-math.inf)
-    for token in range(cuda.threadIdx.x, vocab, THREADS):
-        best = max(best, logits[row, token])
+    # four loads in flight a thread before the first is used (device/rows.py): one block a
+    # row holds too few threads to stream the row one load at a time
+    for start in range(cuda.threadIdx.x, vocab, THREADS * 4):
+        a = logit_or_minus_inf(logits, row, start)
+        b = logit_or_minus_inf(logits, row, start + THREADS)
+        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
+        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        best = max(best, max(max(a, b), max(c, d)))
     threshold = block_max(best, scratch) + temperature[row] * float32(math.log(min_p[row]))
-    for token in range(cuda.threadIdx.x, vocab, THREADS):
-        if logits[row, token] < threshold:
-            logits[row, token] = float32(-math.inf)
+    for start in range(cuda.threadIdx.x, vocab, THREADS * 4):
+        a = logit_or_minus_inf(logits, row, start)
+        b = logit_or_minus_inf(logits, row, start + THREADS)
+        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
+        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        for value, token in ((a, start), (b, start + THREADS), (c, start + 2 * THREADS), (d, start + 3 * THREADS)):
+            if value < threshold and token < vocab:
+                logits[row, token] = float32(-math.inf)
 
 
 # --8<-- [end:min-p-kernel]
