@@ -102,7 +102,7 @@ def multi_turn_conversations(sizes: Sizes, vocab_size: int, seed: int = 1) -> Co
 
 def output_token_ids(output) -> list[int]:
     """A RequestOutput's completion tokens (the one place this script reads its shape)."""
-    return output.token_ids
+    return output.outputs[0].token_ids
 
 
 def greedy(max_tokens: int) -> SamplingParams:
