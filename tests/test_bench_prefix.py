@@ -45,7 +45,9 @@ class EchoEngine:
         self.steps += 1
         done, self.queued = self.queued, []
         return [
-            SimpleNamespace(request_id=rid, finished=True, outputs=[SimpleNamespace(token_ids=[len(prompt)] * self.output_len)])
+            SimpleNamespace(
+                request_id=rid, finished=True, outputs=[SimpleNamespace(token_ids=[len(prompt)] * self.output_len)]
+            )
             for rid, prompt in done
         ]
 

@@ -212,4 +212,15 @@ def sampling(data: dict, figures: Path) -> tuple[list[str], str]:
     verdict = (
         f"Bar (every case at S = {data['bar_shape'][0]}, V = {data['bar_shape'][1]} within {data['bar_us']:.0f} µs): "
     )
-    return names, verdict + f"**{'met' if data['bar_met'] else 'missed'}**.\n\n" + body
+    verdict += f"**{'met' if data['bar_met'] else 'missed'}**.\n\n"
+    if "options_bar_met" in data:
+        at_bar = [r for r in data["options_ratios"] if [r["rows"], r["vocab"]] == data["bar_shape"]]
+        ratios = ", ".join(f"{r['ratio_to_top_k_top_p']:.2f}x ({r['logits']})" for r in at_bar)
+        verdict += (
+            f"Bar (every_option within {data['options_bar_ratio']:.0f}x sample_top_k_top_p there): {ratios}, "
+            f"**{'met' if data['options_bar_met'] else 'missed'}**.\n\n"
+        )
+    for kind, stages in data.get("every_option_breakdown_us", {}).items():
+        cells = ", ".join(f"{name} {us:.0f}" for name, us in stages.items())
+        verdict += f"every_option's kernels each alone, {kind} logits (µs): {cells}.\n\n"
+    return names, verdict + body

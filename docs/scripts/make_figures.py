@@ -12,7 +12,7 @@ Scheduler over a fake model), nor does the prefix cache's hash chain (`prefix_ca
 nor the chapters' concept figures, computed by the engine's own code on the CPU
 (`model_figures.py`, `inference_figures.py`).
 Matplotlib runs headless (Agg). Each benchmark's figures and
-table are drawn in `kernel_figures.py` or `engine_figures.py`.
+table are drawn in `kernel_figures.py`, `engine_figures.py` or `peer_figures.py`.
 """
 
 import argparse
@@ -27,6 +27,7 @@ from engine_figures import ablation, decode, profile, registers, serve, throughp
 from inference_figures import inference_figures  # noqa: E402
 from kernel_figures import attention, elementwise, gemm, sampling  # noqa: E402
 from model_figures import model_figures  # noqa: E402
+from peer_figures import peers  # noqa: E402
 from prefix_cache_figure import hash_chain_figure  # noqa: E402
 from timelines import ROOT, simulated_figures  # noqa: E402
 
@@ -46,6 +47,7 @@ BENCHMARKS = (
     Benchmark("bench_decode", "python -m perf.bench_decode", decode),
     Benchmark("bench_throughput", "python -m perf.bench_throughput", throughput),
     Benchmark("bench_serve", "python -m perf.bench_serve", serve),
+    Benchmark("bench_peers", "python -m perf.bench_peers --vllm-site DIR", peers),
     Benchmark("profile_step", "python -m perf.profile_step", profile),
     Benchmark("ablate_step", "python -m perf.ablate_step", ablation),
     Benchmark("timeline_step", "python -m perf.timeline_step", timeline),

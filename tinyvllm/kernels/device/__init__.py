@@ -1,1 +1,2 @@
-"""Device code shared by the kernels: bf16 bits, vector loads, reductions, PDL, RNG, checks."""
+"""Device code shared by the kernels: bf16 bits, vector loads, rows read past their end, reductions,
+PDL, RNG, checks."""
