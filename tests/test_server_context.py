@@ -1,6 +1,6 @@
 """Prompt plus max_tokens beyond the context: a 400 that gives both numbers, as vLLM answers
-(in process, Starlette's TestClient over a tiny NumPy engine of 256 positions). The oracle for
-the numbers is the engine's own tokenizer and max_model_len."""
+(in process, Starlette's TestClient over a tiny NumPy engine of 256 positions), and the prompt's
+tokens counted once. The oracle for the numbers is the engine's own tokenizer and max_model_len."""
 
 import pytest
 from starlette.testclient import TestClient
@@ -63,3 +63,18 @@ def test_a_default_max_tokens_is_not_refused_and_stops_at_the_context(client):
     (choice,) = response.json()["choices"]
     assert choice["finish_reason"] == "length"
     assert response.json()["usage"]["total_tokens"] == MAX_MODEL_LEN
+
+
+def test_a_text_prompt_is_tokenized_once_and_served_as_its_tokens(client, monkeypatch):
+    client, engine = client
+    prompt = "Hello there, how are you"
+    expected = engine.tokenizer.encode(prompt)
+    calls = []
+    encode = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, **kw: calls.append(text) or encode(text, **kw))
+    response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0})
+    assert response.status_code == 200
+    assert calls == [prompt]
+    assert response.json()["usage"]["prompt_tokens"] == len(expected)
+    direct = client.post("/v1/completions", json={"prompt": expected, "max_tokens": 2, "temperature": 0}).json()
+    assert response.json()["choices"][0]["text"] == direct["choices"][0]["text"]

@@ -79,7 +79,7 @@ def bad_request(error: ValueError, prompt_field: str = "prompt") -> OpenAIError:
 
 @dataclass
 class GenerationRequest:
-    prompt: str | list[int]
+    prompt: list[int]  # token ids: a text prompt is tokenized once, here
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -97,11 +97,15 @@ def check_model(body: dict, served_model_name: str) -> None:
 def parse_completion(
     body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
 ) -> GenerationRequest:
-    """A /v1/completions body -> GenerationRequest."""
+    """A /v1/completions body -> GenerationRequest, a text prompt tokenized (once: the
+    context check counts its tokens, and the engine takes them as they are)."""
     max_tokens = _max_tokens(body, "max_tokens", min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit), max_tokens_limit)
     prompt = _prompt(body)
-    prompt_len = len(tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
-    _check_context(body, "max_tokens", prompt_len, max_tokens, max_model_len)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise OpenAIError(400, "prompt: must not be empty", param="prompt")
+        prompt = tokenizer.encode(prompt)
+    _check_context(body, "max_tokens", len(prompt), max_tokens, max_model_len)
     logprobs = body.get("logprobs")
     if logprobs is not None:
         _check_logprobs_count("logprobs", logprobs)
@@ -157,7 +161,7 @@ def _check_context(body: dict, name: str, prompt_len: int, max_tokens: int, max_
 
 def _generation(
     body: dict,
-    prompt: str | list[int],
+    prompt: list[int],
     defaults: SamplingParams,
     max_tokens: int,
     prompt_field: str,
