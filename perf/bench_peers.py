@@ -88,7 +88,8 @@ def tinyvllm_engine(directory: Path, backend: str):
 
     llm = LLM(directory, backend=backend, **SETTINGS)
     config = llm.engine.engine_config
-    settings = {**SETTINGS, "max_num_batched_tokens": config.max_num_batched_tokens, "enforce_eager": False}
+    chosen = {"max_num_batched_tokens": config.max_num_batched_tokens, "enforce_eager": config.enforce_eager}
+    settings = {**SETTINGS, **chosen}
     return llm, settings
 
 
