@@ -256,6 +256,8 @@ COMPLETION_ERRORS = [
     ({"prompt": ["one", "two"]}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"prompt": ""}, "prompt"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"prompt": [1, 10**6]}, "prompt"),
     ({"prompt": [65] * (MAX_MODEL_LEN + 1)}, "prompt"),
 ]

@@ -89,3 +89,39 @@ def test_chat_logprobs_without_top_logprobs_and_requests_without_them(client):
     assert [item.top_logprobs for item in sampled_only.choices[0].logprobs.content] == [[]] * MAX_TOKENS
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         client.chat.completions.create(model=MODEL_NAME, messages=CHAT, top_logprobs=3, **GREEDY)
+
+
+def _offline_prompt_logprobs(oracle, prompt, count: int) -> list:
+    """The offline engine's prompt logprobs in the server's JSON shape (token ids as strings)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=count)
+    [output] = oracle.chat(prompt, params) if isinstance(prompt, list) else oracle.generate(prompt, params)
+    return [None if entry is None else {str(t): lp for t, lp in entry.items()} for entry in output.prompt_logprobs]
+
+
+def assert_same_prompt_logprobs(served: list, expected: list) -> None:
+    assert len(served) == len(expected) and served[0] is None and expected[0] is None
+    for got, want in zip(served[1:], expected[1:]):
+        assert list(got) == list(want)
+        for token, logprob in want.items():
+            assert got[token]["logprob"] == pytest.approx(logprob.logprob, abs=TOLERANCE)
+            assert (got[token]["rank"], got[token]["decoded_token"]) == (logprob.rank, logprob.decoded_token)
+
+
+def test_prompt_logprobs_per_choice_for_completions_and_per_response_for_chat(client, oracle):
+    """vLLM's extra field and its places: each completion choice, the chat response."""
+    body = {"prompt_logprobs": 2, "ignore_eos": True}
+    completion = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, n=2, extra_body=body)
+    expected = _offline_prompt_logprobs(oracle, PROMPT, 2)
+    for choice in completion.choices:
+        assert_same_prompt_logprobs(choice.prompt_logprobs, expected)
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=1, extra_body=body)
+    assert_same_prompt_logprobs(chat.prompt_logprobs, _offline_prompt_logprobs(oracle, CHAT, 2))
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1)
+    assert "prompt_logprobs" not in plain.choices[0].model_extra
+
+
+def test_prompt_logprobs_are_refused_when_streamed_or_out_of_range(client):
+    for extra in ({"prompt_logprobs": 1, "stream": True}, {"prompt_logprobs": 21}, {"prompt_logprobs": "2"}):
+        stream = extra.pop("stream", False)
+        with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+            client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, stream=stream, extra_body=extra)

@@ -4,9 +4,12 @@ tokens first, then the sampled one when it is not among them).
 
 Both take `start`, the first token to include, so that a stream chunk carries the
 logprobs of the tokens since the chunk before, as its text delta carries their text.
+`prompt_logprobs` is vLLM's extra field, the same in both APIs.
 """
 
-from tinyvllm.engine.sequence import CompletionOutput, Logprob
+from dataclasses import asdict
+
+from tinyvllm.engine.sequence import CompletionOutput, Logprob, RequestOutput
 
 
 def _sampled(completion: CompletionOutput, start: int) -> list[tuple[Logprob, dict[int, Logprob]]]:
@@ -51,3 +54,14 @@ def chat_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | 
         for sampled, entry in _sampled(completion, start)
     ]
     return {"content": content}
+
+
+def prompt_logprobs(output: RequestOutput) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt token, None for the first, then {token id: {logprob,
+    rank, decoded_token}} of the token and the most likely ones; None when not asked for."""
+    if output.prompt_logprobs is None:
+        return None
+    return [
+        None if entry is None else {str(token): asdict(logprob) for token, logprob in entry.items()}
+        for entry in output.prompt_logprobs
+    ]

@@ -47,7 +47,7 @@ FIELDS = {
     *PENALTIES_AND_MIN,
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", "logprobs", "top_logprobs",
-    *UNSUPPORTED,
+    "prompt_logprobs", *UNSUPPORTED,
 }  # fmt: skip
 
 
@@ -173,6 +173,11 @@ def _generation(
     stream = _given(body, "stream", False)
     if not isinstance(stream, bool):
         raise OpenAIError(400, f"stream must be a boolean, got {stream!r}", param="stream")
+    prompt_logprobs = body.get("prompt_logprobs")  # vLLM's extra field
+    if prompt_logprobs is not None:
+        _check_logprobs_count("prompt_logprobs", prompt_logprobs)
+        if stream:  # as vLLM answers
+            raise OpenAIError(400, "prompt_logprobs are not available with stream: true", param="prompt_logprobs")
     try:
         params = SamplingParams(
             n=_given(body, "n", 1),
@@ -185,6 +190,7 @@ def _generation(
             ignore_eos=_given(body, "ignore_eos", False),
             seed=body.get("seed"),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             **{name: body[name] for name in PENALTIES_AND_MIN if body.get(name) is not None},
         )
     except ValueError as error:
@@ -293,6 +299,11 @@ class CompletionsAPI:
     logprobs = staticmethod(completion_logprobs)
 
     @staticmethod
+    def add_prompt_logprobs(response: dict, entries: list | None) -> None:
+        for choice in response["choices"]:
+            choice["prompt_logprobs"] = entries
+
+    @staticmethod
     def first_chunk_choice(index: int) -> dict | None:
         return None
 
@@ -316,6 +327,10 @@ class ChatAPI:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     logprobs = staticmethod(chat_logprobs)
+
+    @staticmethod
+    def add_prompt_logprobs(response: dict, entries: list | None) -> None:
+        response["prompt_logprobs"] = entries
 
     @staticmethod
     def first_chunk_choice(index: int) -> dict | None:

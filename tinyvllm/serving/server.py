@@ -45,6 +45,7 @@ from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, Request
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.serving.logprobs import prompt_logprobs
 from tinyvllm.serving.metrics import CONTENT_TYPE, ServerMetrics
 from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever, logger
 from tinyvllm.serving.protocol import (
@@ -174,7 +175,10 @@ class OpenAIServer:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         top = generation.params.logprobs
         choices = [api.choice(c.index, c.text, c.finish_reason, api.logprobs(c, 0, top)) for c in output.outputs]
-        return JSONResponse({**head, "choices": choices, "usage": usage(output)})
+        response = {**head, "choices": choices, "usage": usage(output)}
+        if generation.params.prompt_logprobs is not None:  # where vLLM puts them: per choice, or per response
+            api.add_prompt_logprobs(response, prompt_logprobs(output))
+        return JSONResponse(response)
 
 
 async def read_json(request: Request, limit: int) -> dict:
