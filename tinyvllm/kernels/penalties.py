@@ -25,7 +25,8 @@ penalized row launches neither the penalty kernel nor the count update, and one 
 min-p row no min-p kernel, so a plain step launches what it launched before.
 
 `min_p` needs the row's maximum, so it runs one block per row, two passes: the maximum,
-then the mask, each thread with four loads in flight. Rows it does not apply to (greedy, min_p 0) return at once.
+then the mask, each thread with four loads in flight. Rows it does not apply to (greedy,
+min_p 0) return at once.
 """
 
 import math
