@@ -33,7 +33,7 @@ from pathlib import Path
 
 from perf.bench_prefix import FULL, QUICK, WARMUP, Sizes, shared_prefix_workload
 from perf.models import model_dir
-from tinyvllm.benchmark import Workload, decode_latency, nano_vllm_workload, prefill_throughput, throughput
+from tinyvllm.benchmark import decode_latency, nano_vllm_warm_up, nano_vllm_workload, prefill_throughput, throughput
 from tinyvllm.hardware import has_cuda_gpu
 from tinyvllm.provenance import run_header
 
@@ -46,7 +46,7 @@ WORKLOADS = {
     "tiny": ("decode", "nano_vllm", "prefill", "shared_prefix"),
 }
 FIGURE = {  # each workload's headline: the key of its result, and its unit
-    "decode": ("decode_tok_per_s", "tok/s"),
+    "decode": ("decode_tok_per_s", "tok/s, batch 1"),
     "nano_vllm": ("output_tok_per_s", "output tok/s"),
     "prefill": ("prefill_tok_per_s", "prompt tok/s"),
     "shared_prefix": ("output_tok_per_s", "output tok/s"),
@@ -113,7 +113,7 @@ def measure(llm, workload: str, vocab: int, scale: Scale) -> dict:
     if workload == "decode":
         return decode_latency(llm, scale.decode_prompt_len, scale.decode_new_tokens, vocab_size=vocab)
     if workload == "nano_vllm":
-        throughput(llm, Workload(nano_vllm_workload(vocab, 4, seed=1).prompts, [4] * 4))
+        throughput(llm, nano_vllm_warm_up(vocab))
         return throughput(llm, nano_vllm_workload(vocab, scale.nano_requests))
     if workload == "prefill":
         return prefill_throughput(llm, scale.prefill_prompts, scale.prefill_len, vocab_size=vocab)
@@ -158,26 +158,30 @@ def run_child(engine: str, model: str, vllm_site: Path | None, quick: bool) -> d
         return json.loads(out.read_text())
 
 
+def headline(engines: dict, engine: str, workload: str) -> float | None:
+    """One engine's FIGURE on one workload from a model's runs, None where it did not run."""
+    return engines.get(engine, {}).get("results", {}).get(workload, {}).get(FIGURE[workload][0])
+
+
 def ratios(runs: dict) -> dict:
     """tinyvllm over vLLM, per model and workload, where both measured it."""
     table = {}
     for model, engines in runs.items():
-        for workload, (key, _) in FIGURE.items():
-            figures = [engines.get(e, {}).get("results", {}).get(workload, {}).get(key) for e in ENGINES]
-            if all(figures):
-                table[f"{model}/{workload}"] = figures[1] / figures[0]
+        for workload in FIGURE:
+            vllm, ours = (headline(engines, engine, workload) for engine in ENGINES)
+            if vllm and ours:
+                table[f"{model}/{workload}"] = ours / vllm
     return table
 
 
 def print_table(runs: dict) -> None:
-    print(f"{'model':<10}{'workload':<15}{'unit':<14}{'vLLM':>11}{'tinyvllm':>11}{'ratio':>8}")
+    print(f"{'model':<10}{'workload':<15}{'unit':<15}{'vLLM':>11}{'tinyvllm':>11}{'ratio':>8}")
     for model, engines in runs.items():
         for workload in WORKLOADS[model]:
-            key, unit = FIGURE[workload]
-            figures = [engines.get(e, {}).get("results", {}).get(workload, {}).get(key) for e in ENGINES]
+            figures = [headline(engines, engine, workload) for engine in ENGINES]
             cells = ["-" if f is None else f"{f:.1f}" for f in figures]
             ratio = f"{figures[1] / figures[0]:.2f}x" if all(figures) else "-"
-            print(f"{model:<10}{workload:<15}{unit:<14}{cells[0]:>11}{cells[1]:>11}{ratio:>8}")
+            print(f"{model:<10}{workload:<15}{FIGURE[workload][1]:<15}{cells[0]:>11}{cells[1]:>11}{ratio:>8}")
 
 
 def main() -> None:

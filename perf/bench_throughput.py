@@ -22,6 +22,7 @@ from perf.models import model_dir
 from perf.timing import result_header
 from tinyvllm.benchmark import (
     Workload,
+    nano_vllm_warm_up,
     nano_vllm_workload,
     prefill_throughput,
     throughput,
@@ -96,8 +97,7 @@ def main() -> None:
             num_blocks=args.num_blocks,
             enable_prefix_caching=args.enable_prefix_caching,
         )
-        # warm-up prompts of their own: the prefix cache would find these in the timed run
-        throughput(llm, Workload(nano_vllm_workload(config.vocab_size, 4, seed=1).prompts, [4] * 4))
+        throughput(llm, nano_vllm_warm_up(config.vocab_size))
         results[mode] = throughput(llm, workload)
         if mode == "continuous":
             results["prefill"] = prefill_throughput(llm)

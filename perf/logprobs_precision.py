@@ -19,16 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.test_logprobs_transformers import BAR_NATS, NEW_TOKENS, PROMPTS, TOP  # the bar's workload, stated once
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.hardware import has_cuda_gpu
 from tinyvllm.model.default_model import default_model_dir
 from tinyvllm.provenance import run_header
 
 RESULTS = Path(__file__).resolve().parent / "results" / "logprobs_precision.json"
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
-NEW_TOKENS = 16
-TOP = 5
-BAR_NATS = 0.08
 BACKENDS = {"numpy-bf16": ("numpy", "bf16"), "numpy-float32": ("numpy", "float32"), "cuda": ("cuda", "float32")}
 
 

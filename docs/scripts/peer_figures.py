@@ -4,19 +4,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from result_tables import measured_by, number, table
-from timelines import save  # it also makes matplotlib headless (Agg)
+from timelines import save  # it also makes matplotlib headless (Agg) and puts the checkout on sys.path
 
-FIGURES = {  # each workload's headline figure: its key and unit (perf/bench_peers.py's FIGURE)
-    "decode": ("decode_tok_per_s", "tok/s, batch 1"),
-    "nano_vllm": ("output_tok_per_s", "output tok/s"),
-    "prefill": ("prefill_tok_per_s", "prompt tok/s"),
-    "shared_prefix": ("output_tok_per_s", "output tok/s"),
-}
-
-
-def figure_of(engines: dict, engine: str, workload: str) -> float | None:
-    """One engine's headline figure on one workload, None where it did not run."""
-    return engines.get(engine, {}).get("results", {}).get(workload, {}).get(FIGURES[workload][0])
+from perf.bench_peers import FIGURE, headline
 
 
 def settings_of(data: dict, engine: str) -> dict:
@@ -29,8 +19,8 @@ def measured(data: dict) -> list[tuple[str, str, str, float | None, float | None
     rows = []
     for model, engines in data["runs"].items():
         for workload in dict.fromkeys(w for e in engines.values() for w in e.get("results", {})):
-            vllm, ours = (figure_of(engines, engine, workload) for engine in ("vllm", "tinyvllm"))
-            rows.append((model, workload, FIGURES[workload][1], vllm, ours))
+            vllm, ours = (headline(engines, engine, workload) for engine in ("vllm", "tinyvllm"))
+            rows.append((model, workload, FIGURE[workload][1], vllm, ours))
     return rows
 
 
