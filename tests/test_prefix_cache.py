@@ -249,8 +249,8 @@ def test_allocating_more_than_is_free_evicts_nothing():
 @pytest.mark.parametrize("prefix_cached", [False, True])
 def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
     """Ten requests sharing an 8-token prefix, 3 blocks each, on 24 blocks: the batch is the
-    queue's front whose full counts fit (8), never short of blocks. Joining in one step, members
-    compute an uncached prefix each (24 blocks used, the count) and share a cached one (10)."""
+    queue's front whose full counts fit (8), never short of blocks. The members share the
+    prefix's blocks: cached already, or computed by the first while the others wait a step."""
     block_size, num_blocks, prefix = 4, 24, [1, 2, 3, 4, 5, 1, 2, 3]
     options = dict(mode="static", block_size=block_size, max_num_batched_tokens=128)
     scheduler, model = make_scheduler(prefix_caching=True, num_blocks=num_blocks, **options)
@@ -263,10 +263,46 @@ def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
     counts = [blocks_needed(seq.num_tokens, block_size) for seq in seqs]
     members = max(k for k in range(len(seqs) + 1) if sum(counts[:k]) <= num_blocks)
     batch = step(scheduler, model)
-    assert [seq.request_id for seq in batch.seqs] == [seq.request_id for seq in seqs[:members]] and members == 8
-    shared = len(prefix) // block_size if prefix_cached else 0
-    assert scheduler.allocator.num_used == shared + sum(count - shared for count in counts[:members])
+    if not prefix_cached:  # the others wait a step for the prefix r0 computes, then find it cached
+        assert [seq.request_id for seq in batch.seqs] == ["r0"]
+        batch = step(scheduler, model)
+    assert {seq.request_id for seq in batch.seqs} == {seq.request_id for seq in seqs[:members]} and members == 8
+    shared = len(prefix) // block_size
+    unfinished = [count for seq, count in zip(seqs[:members], counts) if not seq.is_finished]  # r0 may be done
+    assert len(unfinished) >= members - 1
+    assert scheduler.allocator.num_used == shared + sum(count - shared for count in unfinished)
     drain(scheduler, model)
     assert scheduler.num_preemptions == 0
     for seq in seqs:
         assert_matches_reference(seq)
+
+
+@pytest.mark.parametrize("budget", [64, 6])
+def test_a_prefix_another_sequence_is_computing_is_waited_for_not_computed_twice(budget):
+    """B shares A's 8-token prefix (two blocks of 4), which nothing has cached yet. B waits
+    while A computes it (with a budget of 6, over two steps, the second block) and then
+    attaches both blocks; C, unrelated and queued behind B, waits too (queue order); a
+    request with nothing in flight to wait for joins A's first step."""
+    block_size, prefix = 4, [1, 2, 3, 4, 5, 1, 2, 3]
+    options = dict(block_size=block_size, max_num_batched_tokens=budget, num_blocks=32)
+    scheduler, model = make_scheduler(prefix_caching=True, **options)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    a, b, c = (Sequence(name, prompt, params) for name, prompt in
+               (("a", prefix + [6, 7]), ("b", prefix + [8, 9]), ("c", [3, 3, 3, 3, 3])))  # fmt: skip
+    unrelated = Sequence("u", [4, 4, 4, 4, 4, 4], params)
+    if budget == 64:  # `u` ahead of b: admitted with a in one step
+        scheduler.add(unrelated)
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    first = step(scheduler, model)
+    assert b not in first.seqs and c not in first.seqs
+    if budget == 64:
+        assert set(first.seqs) == {unrelated, a}
+    while a.num_computed_tokens < len(prefix):
+        assert b not in step(scheduler, model).seqs
+    step(scheduler, model)
+    assert b.num_cached_tokens == len(prefix) and b.block_table[:2] == a.block_table[:2]
+    drain(scheduler, model)
+    for seq in (a, b, c, unrelated) if budget == 64 else (a, b, c):
+        assert_matches_reference(seq)
+    assert scheduler.allocator.num_used == 0

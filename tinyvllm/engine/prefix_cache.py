@@ -12,6 +12,7 @@ runs out. `acquire` gives a cached block one more owner (taking it off that list
 """
 
 from collections import OrderedDict
+from collections.abc import Set
 from typing import NamedTuple
 
 import numpy as np
@@ -154,10 +155,16 @@ def cached_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int)
 
 
 # --8<-- [start:attach-register]
-def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> int:
+def attach_prefix(
+    cache: PrefixCachingAllocator, seq: Sequence, block_size: int, computing: Set[int] = frozenset()
+) -> int | None:
     """Give a waiting seq its cached prefix (one more owner per block), counted computed;
-    returns its length in tokens."""
+    returns its length in tokens. None, attaching nothing, when the block after that prefix
+    is one that another sequence completes in this step (its key is in `computing`): seq
+    had better wait a step and find it cached than compute it a second time."""
     blocks, keys = cached_prefix(cache, seq, block_size)
+    if computing and _next_block_key(seq, keys, block_size) in computing:
+        return None
     cache.acquire(blocks)
     seq.block_table = blocks
     seq.block_keys = keys
@@ -178,3 +185,31 @@ def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block
 
 
 # --8<-- [end:attach-register]
+
+
+# --8<-- [start:in-flight]
+def computing_keys(seq: Sequence, num_new: int, block_size: int) -> list[int]:
+    """The keys of the full blocks that seq's next num_new tokens complete: the blocks
+    `register_computed_blocks` will register once the step computing them is launched."""
+    keys = []
+    parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
+    for index in range(len(seq.block_keys), (seq.num_computed_tokens + num_new) // block_size):
+        tokens = tuple(seq.token_ids[index * block_size : (index + 1) * block_size])
+        if PENDING_TOKEN in tokens:
+            break
+        parent_key = block_hash(parent_key, tokens)
+        keys.append(parent_key)
+    return keys
+
+
+def _next_block_key(seq: Sequence, found_keys: list[int], block_size: int) -> int | None:
+    """The key of the first full block of seq's tokens past its cached prefix (whose keys are
+    `found_keys`), the one its prefill would compute first; None when no full block follows."""
+    start = len(found_keys) * block_size
+    tokens = tuple(seq.token_ids[start : start + block_size])
+    if start + block_size > seq.num_tokens - 1 or PENDING_TOKEN in tokens:
+        return None
+    return block_hash(found_keys[-1] if found_keys else ROOT_KEY, tokens)
+
+
+# --8<-- [end:in-flight]

@@ -15,18 +15,16 @@ a new token only in the step whose chunk reaches the end of its token_ids.
 With a PrefixCachingAllocator (`enable_prefix_caching`), a sequence joining the running
 set first attaches the longest cached prefix of its tokens but the last (owners up, counted
 computed), so its prefill computes only the rest, the way a chunked prefill continues; the
-blocks its steps fill are registered in the cache as they complete.
-
-A request with n > 1 completions is a group of n sequences whose prompt is computed once
-(`prompt_sharing.py`).
+blocks its steps fill are registered in the cache as they complete. The n sequences of a
+request with n > 1 completions compute its prompt once (`prompt_sharing.py`).
 
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
 exactly blocks_needed(num_computed_tokens) blocks. When a running sequence needs a block
 and none is free, the most recently admitted running sequence is preempted by recompute:
-its blocks are freed (cached ones stay cached), num_computed_tokens goes back to 0 and it waits at the FRONT of the
-queue, keeping its sampled tokens. Readmitted, its whole token list is its "prompt" and its
-next sample is the token it would have sampled anyway (the sampler draws from (seed,
-position)). `add` refuses a request whose longest possible sequence does not fit the whole
+its blocks are freed (cached ones stay cached), num_computed_tokens goes back to 0 and it
+waits at the FRONT of the queue, keeping its sampled tokens. Readmitted, its whole token
+list is its "prompt" and its next sample is the one it would have drawn anyway (the
+sampler draws from (seed, position)). `add` refuses a request whose longest possible sequence does not fit the whole
 cache, so the oldest running sequence can always grow (by preempting all the others) and
 the queue never deadlocks: schedule() returns None only when no request is unfinished or
 every running one is only waiting for its last token.
@@ -50,10 +48,11 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
-from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, computing_keys, register_computed_blocks
 from tinyvllm.engine.prompt_sharing import WAIT, fork_prompt, prompt_source, shared_prompt_blocks
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from tinyvllm.engine.stopping import check_stop, reached_length
 
 
 class Scheduler:
@@ -167,10 +166,11 @@ class Scheduler:
         decodes: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int]] = []
         preempted = False
+        computing: set[int] = set()  # keys of the blocks this step's prefills complete (prefix cache on)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            if seq.token_ids[-1] == PENDING_TOKEN and self._reached_length(seq, seq.num_tokens):
+            if seq.token_ids[-1] == PENDING_TOKEN and reached_length(seq, seq.num_tokens, self.config.max_model_len):
                 index += 1  # its pending token is its last
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -182,11 +182,11 @@ class Scheduler:
                     break
             if seq.status is SequenceStatus.WAITING:  # it had to preempt itself
                 break
-            self._place(seq, num_new, decodes, prefills)
+            self._place(seq, num_new, decodes, prefills, computing)
             budget -= num_new
             index += 1
         if not preempted:
-            self._admit(budget, decodes, prefills)
+            self._admit(budget, decodes, prefills, computing)
         scheduled = decodes + prefills
         if not scheduled:
             return None
@@ -239,29 +239,11 @@ class Scheduler:
             # a block computed while this token was pending is full now
             if self._cache is not None and seq.num_computed_tokens // block_size > len(seq.block_keys):
                 register_computed_blocks(self._cache, seq, block_size)
-            reason = self._stop_reason(seq, token, index + 1)
+            reason = check_stop(seq, token, index + 1, self._eos, self.config.max_model_len)
             if reason is not None:
                 self.finish(seq, *reason)
                 finished.append(seq)
         return finished
-
-    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> tuple[str, int | None] | None:
-        """Why seq stops at its token `token`, the num_tokens-th of its list, if it does: the
-        finish reason and vLLM's stop_reason (the token for a stop token id, None for EOS)."""
-        params = seq.sampling_params
-        if num_tokens - seq.num_prompt_tokens >= params.min_tokens:  # before min_tokens, nothing stops it
-            if token in self._eos and not params.ignore_eos:
-                return "stop", None
-            if token in params.stop_token_ids:
-                return "stop", token
-        if self._reached_length(seq, num_tokens):
-            return "length", None
-        return None
-
-    def _reached_length(self, seq: Sequence, num_tokens: int) -> bool:
-        """A list of num_tokens tokens is as long as seq may grow."""
-        completion = num_tokens - seq.num_prompt_tokens
-        return completion >= seq.sampling_params.max_tokens or num_tokens >= self.config.max_model_len
 
     # --8<-- [start:grow]
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
@@ -293,8 +275,10 @@ class Scheduler:
     # --8<-- [end:preempt]
 
     # --8<-- [start:admit]
-    def _admit(self, budget: int, decodes: list, prefills: list) -> None:
-        """Move waiting sequences (from the front, in order) to running as limits allow."""
+    def _admit(self, budget: int, decodes: list, prefills: list, computing: set[int]) -> None:
+        """Move waiting sequences (from the front, in order) to running as limits allow. One
+        whose prefix another computes in this step waits (`attach_prefix`): 256 requests
+        sharing a 2,048-token prefix would otherwise compute it twice in the first step."""
         static = self.config.mode == "static"
         if static and not self._static_batch:
             self._choose_static_batch()
@@ -306,7 +290,9 @@ class Scheduler:
             if source is WAIT:
                 break
             if self._cache is not None and seq.prompt_logprobs is None:  # cached positions have no logits
-                num_cached = attach_prefix(self._cache, seq, self.config.block_size)
+                num_cached = attach_prefix(self._cache, seq, self.config.block_size, computing)
+                if num_cached is None:
+                    break
             elif source is not None:
                 num_cached = fork_prompt(self.allocator, seq, source, self.config.block_size)
             else:
@@ -323,15 +309,15 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self._place(seq, num_new, decodes, prefills)
+            self._place(seq, num_new, decodes, prefills, computing)
             budget -= num_new
 
     def _choose_static_batch(self) -> None:
         """The queue's front whose token lists fit the free blocks, each counted in full: with the
         prefix cache conservative, never short. Nothing is owned here (the last batch ended), and
         a cached block costs one free block as a new one does (unowned cached blocks count free).
-        Members sharing an uncached prefix that join in one step each compute it (blocks become
-        findable in `launched`), so counting it for each is exact; a later joiner takes fewer."""
+        A member finds the blocks of a prefix shared with one admitted before it in the cache
+        (or waits a step for them), so counting the prefix for each is conservative."""
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
@@ -344,7 +330,10 @@ class Scheduler:
 
     # --8<-- [end:admit]
 
-    @staticmethod
-    def _place(seq: Sequence, num_new: int, decodes: list, prefills: list) -> None:
-        is_decode = num_new == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
-        (decodes if is_decode else prefills).append((seq, num_new))
+    def _place(self, seq: Sequence, num_new: int, decodes: list, prefills: list, computing: set[int]) -> None:
+        if num_new == 1 and seq.num_computed_tokens + 1 == seq.num_tokens:
+            decodes.append((seq, num_new))
+            return
+        prefills.append((seq, num_new))
+        if self._cache is not None:
+            computing.update(computing_keys(seq, num_new, self.config.block_size))
