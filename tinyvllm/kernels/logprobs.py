@@ -38,7 +38,7 @@ from numba import cuda, float32, int32
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max, block_sum
-from tinyvllm.kernels.device.rows import logit_or_minus_inf
+from tinyvllm.kernels.device.rows import four_logits
 from tinyvllm.kernels.device.simulator import gpu_or_simulator
 from tinyvllm.sampling_params import MAX_LOGPROBS
 
@@ -47,7 +47,7 @@ THREADS = gpu_or_simulator(512, 8)
 KEPT = 4
 """(value, index) pairs each thread keeps in registers in the one pass."""
 UNROLL = 4
-"""Logits a thread loads before it uses the first of them."""
+"""Logits a thread loads before it uses the first of them (`four_logits`)."""
 
 _NO_INDEX = np.int32(2**31 - 1)
 
@@ -129,11 +129,7 @@ def _logprobs_kernel(logits, num_logprobs, sampled, top_ids, top_logprobs, sampl
     v0 = v1 = v2 = v3 = float32(-math.inf)
     i0 = i1 = i2 = i3 = _NO_INDEX
     for start in range(tid, vocab, THREADS * UNROLL):
-        # four loads in flight before the first is used (device/rows.py)
-        a = logit_or_minus_inf(logits, row, start)
-        b = logit_or_minus_inf(logits, row, start + THREADS)
-        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
-        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        a, b, c, d = four_logits(logits, row, start, THREADS)  # four loads in flight (device/rows.py)
         for value, i in ((a, start), (b, start + THREADS), (c, start + 2 * THREADS), (d, start + 3 * THREADS)):
             peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3 = _take(
                 value, i, token_logit, peak, total, above, v0, v1, v2, v3, i0, i1, i2, i3

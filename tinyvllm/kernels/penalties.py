@@ -37,7 +37,7 @@ from numba import cuda, float32, int32
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import block_max
-from tinyvllm.kernels.device.rows import logit_or_minus_inf
+from tinyvllm.kernels.device.rows import four_logits
 from tinyvllm.kernels.device.simulator import gpu_or_simulator
 from tinyvllm.kernels.token_state import COUNT_MASK, PROMPT_BIT, STOP_BIT
 
@@ -105,17 +105,11 @@ def _min_p_kernel(logits, temperature, min_p):
     # four loads in flight a thread before the first is used (device/rows.py): one block a
     # row holds too few threads to stream the row one load at a time
     for start in range(cuda.threadIdx.x, vocab, THREADS * 4):
-        a = logit_or_minus_inf(logits, row, start)
-        b = logit_or_minus_inf(logits, row, start + THREADS)
-        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
-        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        a, b, c, d = four_logits(logits, row, start, THREADS)
         best = max(best, max(max(a, b), max(c, d)))
     threshold = block_max(best, scratch) + temperature[row] * float32(math.log(min_p[row]))
     for start in range(cuda.threadIdx.x, vocab, THREADS * 4):
-        a = logit_or_minus_inf(logits, row, start)
-        b = logit_or_minus_inf(logits, row, start + THREADS)
-        c = logit_or_minus_inf(logits, row, start + 2 * THREADS)
-        d = logit_or_minus_inf(logits, row, start + 3 * THREADS)
+        a, b, c, d = four_logits(logits, row, start, THREADS)
         for value, token in ((a, start), (b, start + THREADS), (c, start + 2 * THREADS), (d, start + 3 * THREADS)):
             if value < threshold and token < vocab:
                 logits[row, token] = float32(-math.inf)

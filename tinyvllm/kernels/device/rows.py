@@ -18,3 +18,15 @@ def logit_or_minus_inf(logits, row, i):
     vocab = logits.shape[1]
     value = logits[row, min(i, vocab - 1)]
     return value if i < vocab else float32(-math.inf)
+
+
+@cuda.jit(device=True, inline=True)
+def four_logits(logits, row, start, stride):
+    """The logits at start + k * stride for k = 0 to 3 (-inf past the row's end), all four
+    loads issued before any is used."""
+    return (
+        logit_or_minus_inf(logits, row, start),
+        logit_or_minus_inf(logits, row, start + stride),
+        logit_or_minus_inf(logits, row, start + 2 * stride),
+        logit_or_minus_inf(logits, row, start + 3 * stride),
+    )
