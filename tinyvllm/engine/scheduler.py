@@ -24,10 +24,10 @@ and none is free, the most recently admitted running sequence is preempted by re
 its blocks are freed (cached ones stay cached), num_computed_tokens goes back to 0 and it
 waits at the FRONT of the queue, keeping its sampled tokens. Readmitted, its whole token
 list is its "prompt" and its next sample is the one it would have drawn anyway (the
-sampler draws from (seed, position)). `add` refuses a request whose longest possible sequence does not fit the whole
-cache, so the oldest running sequence can always grow (by preempting all the others) and
-the queue never deadlocks: schedule() returns None only when no request is unfinished or
-every running one is only waiting for its last token.
+sampler draws from (seed, position)). `add` refuses a request whose longest possible
+sequence does not fit the whole cache, so the oldest running sequence can always grow (by
+preempting all the others) and the queue never deadlocks: schedule() returns None only when
+no request is unfinished or every running one is only waiting for its last token.
 
 Policies (EngineConfig.mode):
 - continuous: running sequences first, in admission order; then waiting ones join in queue
