@@ -221,7 +221,10 @@ def test_api_reference_documents_every_argument_of_the_methods_it_shows(path, na
 def test_runnable_example_runs_and_a_page_shows_it(example):
     """docs/examples/ holds the chapters' runnable examples: each runs on a CPU in seconds, its
     assertions hold, and a page includes it as a listing."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # one BLAS thread: beside the suite's other workers, two threads each thrash a 2-core machine
+    # (three examples at once took 42 s of wall time, one alone 6 s)
+    threads = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    environment = {**os.environ, **threads, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(example)]
     result = subprocess.run(command, check=False, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
