@@ -221,7 +221,7 @@ class LLMEngine:
         """Detokenize seq's new tokens and apply its stop strings."""
         detokenizer = request.detokenizers[seq.index]
         before = len(detokenizer.text)
-        detokenizer.step(seq.known_token_ids[len(detokenizer.token_ids) :])
+        detokenizer.step(seq.token_ids[len(detokenizer.token_ids) : seq.num_known_tokens])
         if seq.is_finished:
             detokenizer.finish()
         new_chars = len(detokenizer.text) - before
