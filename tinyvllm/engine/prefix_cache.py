@@ -175,10 +175,7 @@ def attach_prefix(
 def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> None:
     """Register seq's blocks that are full of computed, known tokens (a block holding the
     placeholder of a token still on the device waits until the token is known)."""
-    for index in range(len(seq.block_keys), seq.num_computed_tokens // block_size):
-        tokens = tuple(seq.token_ids[index * block_size : (index + 1) * block_size])
-        if PENDING_TOKEN in tokens:
-            return
+    for index, tokens in _unkeyed_full_blocks(seq, seq.num_computed_tokens, block_size):
         parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
         parent_block = seq.block_table[index - 1] if index else -1
         seq.block_keys.append(cache.register(seq.block_table[index], parent_key, tokens, parent_block))
@@ -187,16 +184,23 @@ def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block
 # --8<-- [end:attach-register]
 
 
+def _unkeyed_full_blocks(seq: Sequence, num_tokens: int, block_size: int):
+    """(index, token ids) of seq's blocks past those it has keys for, full within its first
+    num_tokens tokens, up to the first that holds a token still on the device."""
+    for index in range(len(seq.block_keys), num_tokens // block_size):
+        tokens = tuple(seq.token_ids[index * block_size : (index + 1) * block_size])
+        if PENDING_TOKEN in tokens:
+            return
+        yield index, tokens
+
+
 # --8<-- [start:in-flight]
 def computing_keys(seq: Sequence, num_new: int, block_size: int) -> list[int]:
     """The keys of the full blocks that seq's next num_new tokens complete: the blocks
     `register_computed_blocks` will register once the step computing them is launched."""
     keys = []
     parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
-    for index in range(len(seq.block_keys), (seq.num_computed_tokens + num_new) // block_size):
-        tokens = tuple(seq.token_ids[index * block_size : (index + 1) * block_size])
-        if PENDING_TOKEN in tokens:
-            break
+    for _, tokens in _unkeyed_full_blocks(seq, seq.num_computed_tokens + num_new, block_size):
         parent_key = block_hash(parent_key, tokens)
         keys.append(parent_key)
     return keys

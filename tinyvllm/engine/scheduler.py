@@ -149,7 +149,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         seq.set_finished(reason, stop_reason)
-        del seq.token_ids[len(seq.known_token_ids) :]  # tokens still on the GPU are not its
+        del seq.token_ids[seq.num_known_tokens :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.block_keys = []
@@ -335,5 +335,5 @@ class Scheduler:
             decodes.append((seq, num_new))
             return
         prefills.append((seq, num_new))
-        if self._cache is not None:
+        if self._cache is not None and self.waiting:  # only a waiting sequence reads them
             computing.update(computing_keys(seq, num_new, self.config.block_size))
