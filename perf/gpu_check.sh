@@ -42,9 +42,8 @@ for stage in $stages; do
     tests)
       run python3 -c "from tinyvllm.model.default_model import default_model_dir; default_model_dir()"
       export SUITE_DURATIONS="$OUT/test_durations.tsv"
-      # slowest first, by the latest committed run (perf/suite_durations.py); worksteal, because
-      # xdist's default hands the first tests out round-robin, so the worker given the longest
-      # test also got a share of the next-longest (the 63b0583 run: 560 s, its tests adding to 146 s a worker)
+      # by the latest committed run, dealt into worksteal's first slices so that each holds
+      # about equal time, slowest first (perf/suite_durations.py)
       SUITE_ORDER=$(ls perf/results/gpu_suite_durations_*.tsv 2>/dev/null | tail -1)
       export SUITE_ORDER
       workers=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it

@@ -9,13 +9,19 @@ engine are paid once per worker that runs the module's tests); `sort -rn FILE | 
 names the slowest, and the last two columns show how each worker spent the run. Under
 pytest-xdist the controller writes (every worker's report reaches it), the workers do not.
 
-With SUITE_ORDER=FILE (an earlier run's file), the tests run slowest first, tests the file
-does not know ahead of all: pytest-xdist hands tests out in collection order, so a long test
-collected last would run alone after every other worker is done. Every worker reads the same
-file, so they all collect the same order, as pytest-xdist requires.
+With SUITE_ORDER=FILE (an earlier run's file), the tests run slowest first (a test the file
+does not know counts as the slowest it knows): a long test collected last would run alone
+after every other worker is done. Under `--dist worksteal` the order is also dealt out
+for the workers: worksteal hands worker i the i-th contiguous slice of the collection and
+later moves only the ends of the longest queues, so a plain slowest-first order gave the
+first worker the suite's longest tests one after another (the 01e94c0 run: 342 s of tests
+on one worker, 188 s on another). Each slice is instead filled longest test first into
+whichever slice holds the least time (the longest-processing-time rule), and runs slowest
+first. Every worker reads the same file, so they all collect the same order, as
+pytest-xdist requires.
 """
 
-import math
+import heapq
 import os
 import time
 from pathlib import Path
@@ -39,13 +45,42 @@ def earlier_durations(path: Path) -> dict[str, float]:
     return durations
 
 
+def worksteal_slices(count: int, workers: int) -> list[int]:
+    """The sizes of the slices pytest-xdist's worksteal scheduler first hands `workers`
+    workers from `count` tests: each takes an even share of what is left."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((count - sum(sizes)) // (workers - i))
+    return sizes
+
+
+def deal(seconds: list[float], workers: int) -> list[int]:
+    """An order of the tests (indices into `seconds`) whose worksteal slices hold about equal
+    time: longest first into the slice with the least time and room left, each slice then
+    slowest first."""
+    sizes = worksteal_slices(len(seconds), workers)
+    slices: list[list[int]] = [[] for _ in range(workers)]
+    loads = [(0.0, i) for i in range(workers) if sizes[i]]
+    for test in sorted(range(len(seconds)), key=lambda t: -seconds[t]):  # stable: ties keep their order
+        load, i = heapq.heappop(loads)
+        slices[i].append(test)
+        if len(slices[i]) < sizes[i]:
+            heapq.heappush(loads, (load + seconds[test], i))
+    return [test for tests in slices for test in tests]
+
+
 @pytest.hookimpl
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get("SUITE_ORDER")
     if not path:
         return
     durations = earlier_durations(Path(path))
-    items.sort(key=lambda item: -durations.get(item.nodeid, math.inf))  # stable: ties keep their order
+    slowest = max(durations.values(), default=0.0)
+    seconds = [durations.get(item.nodeid, slowest) for item in items]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if config.getoption("dist", "no") != "worksteal":
+        workers = 1
+    items[:] = [items[i] for i in deal(seconds, workers)]
 
 
 @pytest.hookimpl

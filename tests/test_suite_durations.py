@@ -5,21 +5,44 @@ from types import SimpleNamespace
 from perf import suite_durations
 
 
-def test_tests_run_slowest_first_and_unknown_tests_lead(tmp_path, monkeypatch):
+def config(dist="no"):
+    return SimpleNamespace(getoption=lambda name, default=None: dist if name == "dist" else default)
+
+
+def test_tests_run_slowest_first_and_unknown_tests_count_as_the_slowest(tmp_path, monkeypatch):
     earlier = tmp_path / "durations.tsv"
     earlier.write_text("1.50\tpassed\tt.py::fast\n90.00\tfailed\tt.py::slow\n3.00\tpassed\tt.py::fast\n")
     monkeypatch.setenv("SUITE_ORDER", str(earlier))
     items = [SimpleNamespace(nodeid=name) for name in ("t.py::fast", "t.py::new", "t.py::slow", "t.py::other_new")]
-    suite_durations.pytest_collection_modifyitems(items)
-    # the last line for an id wins (fast: 3.00); unknown tests keep their collection order
-    assert [item.nodeid for item in items] == ["t.py::new", "t.py::other_new", "t.py::slow", "t.py::fast"]
+    suite_durations.pytest_collection_modifyitems(config(), items)
+    # the last line for an id wins (fast: 3.00); ties keep their collection order
+    assert [item.nodeid for item in items] == ["t.py::new", "t.py::slow", "t.py::other_new", "t.py::fast"]
 
 
 def test_without_suite_order_the_collection_order_stays(monkeypatch):
     monkeypatch.delenv("SUITE_ORDER", raising=False)
     items = [SimpleNamespace(nodeid=name) for name in ("b", "a")]
-    suite_durations.pytest_collection_modifyitems(items)
+    suite_durations.pytest_collection_modifyitems(config("worksteal"), items)
     assert [item.nodeid for item in items] == ["b", "a"]
+
+
+def test_worksteal_slices_are_xdists_even_shares_of_what_is_left():
+    # xdist 3.8's WorkStealingScheduling.check_schedule: len(pending) // nodes_remaining
+    assert suite_durations.worksteal_slices(10, 4) == [2, 2, 3, 3]
+    assert suite_durations.worksteal_slices(3, 4) == [0, 1, 1, 1]
+
+
+def test_worksteal_slices_get_about_equal_time_each_slowest_first(tmp_path, monkeypatch):
+    earlier = tmp_path / "durations.tsv"
+    times = {"a": 1, "b": 100, "c": 1, "d": 90, "e": 80, "f": 1, "g": 70, "h": 1}
+    earlier.write_text("".join(f"{seconds}\tpassed\tt.py::{name}\n" for name, seconds in times.items()))
+    monkeypatch.setenv("SUITE_ORDER", str(earlier))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    items = [SimpleNamespace(nodeid=f"t.py::{name}") for name in times]
+    suite_durations.pytest_collection_modifyitems(config("worksteal"), items)
+    # slices of four: 100 + 70 + 1 + 1 and 90 + 80 + 1 + 1, the best split (slowest first
+    # would give 340 and 4)
+    assert [item.nodeid[-1] for item in items] == ["b", "g", "a", "f", "d", "e", "c", "h"]
 
 
 def test_a_tests_phases_add_up_and_old_three_column_lines_are_calls(tmp_path):
