@@ -11,14 +11,16 @@ needs no GPU to do that; this script asks it before a GPU is booked.
 
 It calls each launcher of one decode step (batch sequences of `context` tokens, Llama
 3.2 1B's shapes or those of the model in --model) with host arrays of the step's shapes
-and dtypes. Where the launcher would launch a kernel, the kernel's exact specialisation
-(the argument types the launch would compile for, and its launch bounds) is compiled
-to PTX by Numba's NVVM for sm_90 and assembled by `ptxas -v`. A stand-in H200 (compute
-capability 9.0, 132 SMs) answers the launchers' and the kernels' questions about the
-device. Per launch it prints the grid, the block, and from ptxas the registers a
-thread, the bytes of spill stores and loads, the stack frame (local arrays the compiler
-kept in memory: a spill by another name) and the static shared memory; then how many of
-its blocks an SM holds at once, by registers, warps and shared memory.
+and dtypes, cascade decode attention (`attention_cascade.py`, the step's attention when
+its sequences share a cached prefix) among them. Where the launcher would launch a
+kernel, the kernel's exact specialisation (the argument types the launch would compile
+for, and its launch bounds) is compiled to PTX by Numba's NVVM for sm_90 and assembled
+by `ptxas -v`. A stand-in H200 (compute capability 9.0, 132 SMs) answers the launchers'
+and the kernels' questions about the device. Per launch it prints the grid, the block,
+and from ptxas the registers a thread, the bytes of spill stores and loads, the stack
+frame (local arrays the compiler kept in memory: a spill by another name) and the static
+shared memory; then how many of its blocks an SM holds at once, by registers, warps and
+shared memory.
 
 Matrix products run on the Numba kernels (`linear_backend="numba"`): the GEMV up to 8
 rows of x, which the engine uses on the GPU at batch 1, then the tiled GEMM (past one
@@ -49,7 +51,7 @@ from numba.cuda import dispatcher as cuda_dispatcher
 from perf.timing import result_header
 from tests.random_llama import LLAMA_3_2_1B_CONFIG
 from tinyvllm.backends.variants import VariantTable, decode_shape
-from tinyvllm.kernels import attention_split, embedding, rope, sampling
+from tinyvllm.kernels import attention_cascade, attention_split, embedding, rope, sampling
 from tinyvllm.kernels.attention_decode import REGISTER_FILE
 from tinyvllm.kernels.device import multiprocessors
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -133,6 +135,10 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     workspace = np.empty(
         attention_split.decode_workspace_shape(heads, kv_heads, head_dim, H200.MULTIPROCESSOR_COUNT), np.float32
     )
+    max_grid = attention_split.BLOCKS_PER_SM * H200.MULTIPROCESSOR_COUNT
+    shared_parts = attention_cascade.cascade_shared_partitions(batch, kv_heads, heads // kv_heads, head_dim, max_grid)
+    cascade_rows = attention_cascade.cascade_workspace_rows(batch, heads, 1, shared_parts)
+    cascade_workspace = np.empty((cascade_rows, workspace.shape[1]), np.float32)
     logits = np.empty((batch, vocab), np.float32)
     parts = sampling.sample_workspace_shape(batch, vocab)
     norm = RMSNorm(bf16(hidden), config.rms_norm_eps, normed)
@@ -167,6 +173,12 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     yield (
         "decode_attention",
         lambda: attention_split.decode_attention(q, k_cache, v_cache, tables, lens, attn, workspace, partitions),
+    )
+    yield (
+        "cascade_decode_attention",
+        lambda: attention_cascade.cascade_decode_attention(
+            q, k_cache, v_cache, tables, lens, int32(1), attn, cascade_workspace, 1, shared_parts
+        ),
     )
     yield (
         "linear (o)",

@@ -69,3 +69,26 @@ def paged_batch(
     cu_seqlens_q = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     q = random_bf16(rng, (int(cu_seqlens_q[-1]), num_kv_heads * group, head_dim))
     return PagedBatch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+
+
+def shared_prefix_batch(
+    rng: np.random.Generator,
+    context_lens,
+    shared_blocks: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    extra_blocks: int = 0,
+) -> PagedBatch:
+    """A decode batch whose tables all start with sequence 0's first shared_blocks blocks (one
+    token of each sequence new; every context holds at least that prefix). The blocks the other
+    sequences no longer point at turn NaN: the prefix's K and V exist once."""
+    queries = [1] * len(context_lens)
+    batch = paged_batch(rng, queries, context_lens, num_kv_heads, group, head_dim, block_size, extra_blocks)
+    assert (batch.context_lens >= shared_blocks * block_size).all()
+    replaced = batch.block_tables[1:, :shared_blocks].ravel()
+    batch.k_cache[replaced] = BF16_NAN
+    batch.v_cache[replaced] = BF16_NAN
+    batch.block_tables[:, :shared_blocks] = batch.block_tables[0, :shared_blocks]
+    return batch

@@ -27,7 +27,8 @@ split-K decoding (`attention_split.py`): block z cuts its sequence's context, fr
 length it finds in `context_lens`, into gridDim.z parts of whole loop steps
 (`partition_tokens`), runs the part it owns, and writes its unnormalised state to a
 float32 workspace instead of the normalised output (a part past the context's end
-writes nothing).
+writes nothing). For cascade attention (`attention_cascade.py`) the split runs only a
+sequence's own tokens, from the shared prefix's length (a device array) to its context's end.
 """
 
 import functools
@@ -88,7 +89,7 @@ def partition_tokens(context_len, num_partitions, step):
 
 
 @functools.cache
-def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
+def _decode_kernel(head_dim, group, threads, tokens_per_step, split, cascade=False):
     lanes = head_dim // VECTOR
     groups = threads // lanes
     words = VECTOR // 2
@@ -127,8 +128,9 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             merged = max(merged, group_max[other, g])
         return merged
 
-    @cuda.jit(**bounds)
-    def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
+    @cuda.jit(device=True, inline=True)
+    def attend(q, k_flat, v_flat, block_tables, context_lens, first, log2_block_size, result):
+        """The kernel over positions [first, context_len) of each context."""
         allow_dependent_launch()
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
@@ -143,8 +145,8 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
         token_group = cuda.threadIdx.x // lanes
         column = lane * VECTOR
         context_len = context_lens[seq]
-        length = partition_tokens(context_len, cuda.gridDim.z, step)
-        start = partition * length
+        length = partition_tokens(context_len - first, cuda.gridDim.z, step)
+        start = first + partition * length
         end = min(context_len, start + length)
         if split and start >= end:
             return  # a part past the context's end: the merge reads only parts with tokens
@@ -265,6 +267,20 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split):
             else:
                 result[seq, head, d] = f32_to_bf16(total / merged_sum)
 
+    if cascade:
+
+        @cuda.jit(**bounds)
+        def decode(q, k_flat, v_flat, block_tables, context_lens, shared_len, log2_block_size, result):
+            # A context no longer than the prefix (a padding row) has no tokens of its own.
+            first = min(shared_len[0], context_lens[cuda.blockIdx.y])
+            attend(q, k_flat, v_flat, block_tables, context_lens, first, log2_block_size, result)
+
+    else:
+
+        @cuda.jit(**bounds)
+        def decode(q, k_flat, v_flat, block_tables, context_lens, log2_block_size, result):
+            attend(q, k_flat, v_flat, block_tables, context_lens, 0, log2_block_size, result)
+
     return decode
 
 
@@ -281,9 +297,12 @@ def check_decode(q, k_cache, v_cache, block_tables, context_lens, out) -> tuple[
     return num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks
 
 
-def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, partitions, split, stream) -> int:
+def launch_decode(
+    q, k_cache, v_cache, block_tables, context_lens, result, partitions, split, stream, shared_len=None
+) -> int:
     """result: out (bf16, normalised) for the whole context, or with `split` the float32
-    workspace of a split into `partitions` parts.
+    workspace of a split into `partitions` parts; with `shared_len` (int32[1] on the device,
+    split only) the split covers each context from that position on.
 
     Returns the kernel's loop step (tokens per block per iteration), which cuts partitions.
     """
@@ -292,11 +311,12 @@ def launch_decode(q, k_cache, v_cache, block_tables, context_lens, result, parti
     threads = max(DECODE_THREADS, head_dim // VECTOR)
     group = num_heads // num_kv_heads
     tokens_per_step = SPLIT_TOKENS_PER_STEP if split else TOKENS_PER_STEP
-    kernel = _decode_kernel(head_dim, group, threads, tokens_per_step, split)
+    kernel = _decode_kernel(head_dim, group, threads, tokens_per_step, split, shared_len is not None)
     grid = (num_kv_heads, num_seqs, partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
-    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, context_lens, shift, result)
+    lengths = (context_lens,) if shared_len is None else (context_lens, shared_len)
+    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, *lengths, shift, result)
     return threads // (head_dim // VECTOR) * tokens_per_step
 
 

@@ -29,6 +29,7 @@ blocks find no rows and exit). Tiles run last-first: the longest (causal) ones s
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numba import cuda, float32
@@ -72,18 +73,13 @@ def prefill_layout(head_dim: int, group: int, threads: int, rows_per_thread: int
 
 
 @functools.cache
-def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
-    dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
-    row_sets = rows // rows_per_thread
-    tile_shape = (keys, lanes, dims + PAD)
+def tile_io(head_dim: int, threads: int, dims: int, keys: int) -> tuple[tuple[int, int], Callable, Callable]:
+    """(fetched_shape, fetch, store): how a block of `threads` stages a K or V tile of `keys`
+    keys, split into lane slices of `dims`, in shared memory (the cascade kernel's too)."""
     chunks_per_key = np.uint32(head_dim // VECTOR)
     chunks = keys * (head_dim // VECTOR)
     chunks_per_thread = -(-chunks // threads)
     fetched_shape = (chunks_per_thread, VECTOR // 2)
-    chunks_per_lane = dims // VECTOR
-    step_scores = rows_per_thread * KEYS_PER_STEP
-    scale = float32(LOG2_E / math.sqrt(head_dim))
-    scratch_shape = group_scratch_shape(threads, step_scores)
     # Unsigned index arithmetic: Python's floor division and negative-index wraparound
     # would otherwise cost a dozen 64-bit instructions per cache access.
     vector = np.uint32(VECTOR)
@@ -125,6 +121,20 @@ def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, 
                 for w in range(VECTOR // 2):
                     tile[key, lane, first + np.uint32(2 * w)] = low_half(words[c, w])
                     tile[key, lane, first + np.uint32(2 * w + 1)] = high_half(words[c, w])
+
+    return fetched_shape, fetch, store
+
+
+@functools.cache
+def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
+    dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
+    row_sets = rows // rows_per_thread
+    tile_shape = (keys, lanes, dims + PAD)
+    fetched_shape, fetch, store = tile_io(head_dim, threads, dims, keys)
+    chunks_per_lane = dims // VECTOR
+    step_scores = rows_per_thread * KEYS_PER_STEP
+    scale = float32(LOG2_E / math.sqrt(head_dim))
+    scratch_shape = group_scratch_shape(threads, step_scores)
 
     @cuda.jit
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):

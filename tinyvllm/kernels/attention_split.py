@@ -45,13 +45,39 @@ MERGE_BATCH = 16
 
 
 # --8<-- [start:merge]
+@cuda.jit(device=True, inline=True)
+def merge_states(workspace, first, filled, head_dim, d, running_max, running_sum, total, maxes, sums, values):
+    """Element d of the states in rows first .. first + filled - 1 folded into the running
+    state (max, sum, output element d), which it returns. MERGE_BATCH states are loaded at
+    once and added as a batch: their largest max first, then each partition's weight
+    exp2(m_p - M), all independent, so the running state is rescaled once a batch, not
+    once a partition."""
+    for batch in range(0, filled, MERGE_BATCH):
+        # Slots past the last partition load it again: the batch's max stays the same.
+        batch_max = float32(-math.inf)
+        for i in range(MERGE_BATCH):
+            row = first + min(batch + i, filled - 1)
+            maxes[i] = workspace[row, head_dim]
+            sums[i] = workspace[row, head_dim + 1]
+            values[i] = workspace[row, d]
+            batch_max = max(batch_max, maxes[i])
+        merged_max = max(running_max, batch_max)
+        old = rescale(running_max, merged_max)
+        running_sum *= old
+        total *= old
+        for i in range(MERGE_BATCH):
+            if batch + i < filled:
+                weight = math.exp2(maxes[i] - merged_max)
+                running_sum += sums[i] * weight
+                total += values[i] * weight
+        running_max = merged_max
+    return running_max, running_sum, total
+
+
 @cuda.jit
 def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out):
     """One block per (query head, sequence), one thread per output element: the non-empty
-    partitions' states merged with the online-softmax rule (no barrier, no shared memory).
-    A thread loads MERGE_BATCH partitions' states at once and adds them as a batch: their
-    largest max first, then each partition's weight exp2(m_p - M), all independent, so
-    the running state is rescaled once a batch, not once a partition."""
+    partitions' states merged with the online-softmax rule (no barrier, no shared memory)."""
     allow_dependent_launch()
     head = cuda.blockIdx.x
     seq = cuda.blockIdx.y
@@ -66,29 +92,10 @@ def _merge_partitions_kernel(workspace, context_lens, num_partitions, step, out)
     sums = cuda.local.array(MERGE_BATCH, float32)
     values = cuda.local.array(MERGE_BATCH, float32)
     for d in range(cuda.threadIdx.x, head_dim, cuda.blockDim.x):
-        running_max = float32(-math.inf)
-        running_sum = float32(0.0)
-        total = float32(0.0)
-        for batch in range(0, filled, MERGE_BATCH):
-            # Slots past the last partition load it again: the batch's max stays the same.
-            batch_max = float32(-math.inf)
-            for i in range(MERGE_BATCH):
-                row = first + min(batch + i, filled - 1)
-                maxes[i] = workspace[row, head_dim]
-                sums[i] = workspace[row, head_dim + 1]
-                values[i] = workspace[row, d]
-                batch_max = max(batch_max, maxes[i])
-            merged_max = max(running_max, batch_max)
-            old = rescale(running_max, merged_max)
-            running_sum *= old
-            total *= old
-            for i in range(MERGE_BATCH):
-                if batch + i < filled:
-                    weight = math.exp2(maxes[i] - merged_max)
-                    running_sum += sums[i] * weight
-                    total += values[i] * weight
-            running_max = merged_max
-        out[seq, head, d] = f32_to_bf16(total / running_sum)
+        _, merged_sum, total = merge_states(
+            workspace, first, filled, head_dim, d, float32(-math.inf), float32(0.0), float32(0.0), maxes, sums, values
+        )
+        out[seq, head, d] = f32_to_bf16(total / merged_sum)
 
 
 # --8<-- [end:merge]
