@@ -14,7 +14,9 @@
 
 Each workload reports the prefix-cache hit rate (the scheduler's prefix_cache_hits over
 prefix_cache_queries, prompt tokens, over that workload), and the run the issue's bars as
-ratios of cache on to off. `--quick` runs tiny sizes (with `--model tiny` and the NumPy
+ratios of cache on to off. The shared prefix runs a third time with the cache on and
+cascade attention off (`disable_cascade_attn`): what reading the shared prefix once for
+all decoding sequences is worth. `--quick` runs tiny sizes (with `--model tiny` and the NumPy
 backend it checks the script on a CPU). Results: perf/results/bench_prefix.json.
 """
 
@@ -179,16 +181,26 @@ def with_hit_rate(engine: LLMEngine, run: Callable[[], dict]) -> dict:
     return result
 
 
-def run_all(directory: Path, backend: str, sizes: Sizes, caching: bool, num_blocks: int | None) -> dict:
+def run_all(
+    directory: Path, backend: str, sizes: Sizes, caching: bool, num_blocks: int | None, cascade: bool = True
+) -> dict:
+    """Every workload on one engine; without `cascade` (cascade attention off), the shared prefix only."""
     llm = LLM(directory, backend=backend, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=caching,
-              num_blocks=num_blocks, max_num_batched_tokens=sizes.max_num_batched_tokens)  # fmt: skip
+              num_blocks=num_blocks, max_num_batched_tokens=sizes.max_num_batched_tokens,
+              disable_cascade_attn=not cascade)  # fmt: skip
     engine, vocab = llm.engine, llm.engine.config.vocab_size
     run_shared_prefix(engine, shared_prefix_workload(dataclasses.replace(sizes, **WARMUP), vocab, seed=99))
-    return {
-        "shared_prefix": with_hit_rate(engine, lambda: run_shared_prefix(engine, shared_prefix_workload(sizes, vocab))),
-        "multi_turn": with_hit_rate(engine, lambda: run_conversations(engine, multi_turn_conversations(sizes, vocab))),
-        "nano_vllm": with_hit_rate(engine, lambda: throughput(llm, nano_vllm_workload(vocab, sizes.nano_requests))),
+    results = {
+        "shared_prefix": with_hit_rate(engine, lambda: run_shared_prefix(engine, shared_prefix_workload(sizes, vocab)))
     }
+    if cascade:
+        results["multi_turn"] = with_hit_rate(
+            engine, lambda: run_conversations(engine, multi_turn_conversations(sizes, vocab))
+        )
+        results["nano_vllm"] = with_hit_rate(
+            engine, lambda: throughput(llm, nano_vllm_workload(vocab, sizes.nano_requests))
+        )
+    return results
 
 
 def bars(on: dict, off: dict) -> dict:
@@ -215,6 +227,11 @@ def print_table(results: dict) -> None:
             cells = ["-" if v is None else f"{v:.1f}" for v in (ttft["p50"], ttft["p99"])]
             rate = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.1%}"
             print(f"{workload:<15}{cache:>6}{r['seconds']:9.2f}{tok_s:10.1f}{cells[0]:>10}{cells[1]:>10}{rate:>10}")
+    cascade_off = results["cache_on_cascade_off"]["shared_prefix"]
+    seconds, tok_s, ttft = cascade_off["seconds"], cascade_off["output_tok_per_s"], cascade_off["ttft_ms"]
+    print(
+        f"{'shared_prefix':<15}{'on, no cascade':>6}{seconds:9.2f}{tok_s:10.1f}{ttft['p50']:10.1f}{ttft['p99']:10.1f}"
+    )
     for name, bar in results["bars"].items():
         print(f"{name:<40}{bar['ratio']:8.2f}x  bar {bar['bar']}x  {'met' if bar['met'] else 'NOT met'}")
 
@@ -234,6 +251,7 @@ def main() -> None:
     results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
     for caching in (True, False):
         results[f"cache_{'on' if caching else 'off'}"] = run_all(directory, backend, sizes, caching, args.num_blocks)
+    results["cache_on_cascade_off"] = run_all(directory, backend, sizes, True, args.num_blocks, cascade=False)
     results["bars"] = bars(results["cache_on"], results["cache_off"])
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)

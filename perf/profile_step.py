@@ -118,7 +118,7 @@ def graph_us(engine: LLMEngine, batch_size: int) -> float:
         hold(backend.stream, HOLD_US)
         start, end = cuda.event(), cuda.event()
         start.record(backend.stream)
-        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER])
+        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, False])
         end.record(backend.stream)
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)

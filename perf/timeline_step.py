@@ -63,7 +63,7 @@ def replay_kernels(engine: LLMEngine) -> list[list[dict]]:
         for _ in range(REPLAYS):
             backend.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-                backend.launch_graph(graphs.graphs[1, PLAIN_SAMPLER])
+                backend.launch_graph(graphs.graphs[1, PLAIN_SAMPLER, False])
                 backend.synchronize()
             trace = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(trace))

@@ -231,5 +231,5 @@ def test_graph_replay_gives_the_eager_logprobs(tiny_model):
         assert ours.outputs[0].token_ids == theirs.outputs[0].token_ids
         assert ours.outputs[0].logprobs == theirs.outputs[0].logprobs
         assert ours.outputs[0].cumulative_logprob == theirs.outputs[0].cumulative_logprob
-    captured_options = {options for _, options in graphs.engine.runner.graphs.graphs}
+    captured_options = {options for _, options, _ in graphs.engine.runner.graphs.graphs}
     assert SamplerOptions(penalties=True, logprobs=True) in captured_options

@@ -160,5 +160,5 @@ def test_graph_replay_samples_what_eager_samples_with_every_option(tiny_model):
     eager = LLM(tiny_model, backend="cuda", num_blocks=256, enforce_eager=True)
     replayed = [out.outputs[0].token_ids for out in graphs.generate(prompts, params)]
     assert replayed == [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
-    captured_options = {options for _, options in graphs.engine.runner.graphs.graphs}
+    captured_options = {options for _, options, _ in graphs.engine.runner.graphs.graphs}
     assert captured_options == {PLAIN_SAMPLER, SamplerOptions(penalties=True, min_p=True)}

@@ -35,6 +35,7 @@ EXPECTED_CAPACITY = {
     "slot_mapping": ((40,), np.int32),
     "context_lens": ((6,), np.int32),
     "prefill_cu_seqlens": ((7,), np.int32),
+    "shared_prefix_len": ((1,), np.int32),
     "sample_rows": ((6,), np.int32),
     "temperature": ((6,), np.float32),
     "top_k": ((6,), np.int32),
@@ -85,7 +86,7 @@ def test_every_derived_structure_has_exactly_the_table_fields():
     assert set(STEP_FIELD_NAMES) == set(EXPECTED_CAPACITY)
     assert [f.name for f in dataclasses.fields(HostStep)] == [*STEP_FIELD_NAMES, "num_decode"]
     assert [f.name for f in dataclasses.fields(StepInputs)] == [
-        *STEP_FIELD_NAMES, "num_tokens", "num_decode", "num_prefill_seqs",
+        *STEP_FIELD_NAMES, "num_tokens", "num_decode", "num_prefill_seqs", "num_shared_tokens",
     ]  # fmt: skip
     buffers = StepBuffers(NumpyBackend(), LIMITS)
     for fields in (*buffers.host_fields, buffers.device_fields):
@@ -96,7 +97,7 @@ def test_build_step_fills_every_field_with_its_table_dtype_and_extent():
     step = build_step(_mixed_batch(), LIMITS.block_size, MAX_BLOCKS)
     # 10 tokens, 3 sequences (2 of them prefill), 2 sampled rows.
     expected_shapes = {"token": (10,), "sequence": (3,), "sampled row": (2,), "block table": (3, 5),
-                       "prefill offsets": (3,)}  # fmt: skip
+                       "prefill offsets": (3,), "step": (1,)}  # fmt: skip
     for field in STEP_FIELDS:
         array = getattr(step, field.name)
         assert array.dtype == field.dtype, field.name
@@ -135,6 +136,7 @@ def test_padding_rows_hold_the_design_values():
         assert (array[3:] == value).all(), name
     np.testing.assert_array_equal(padded.sample_rows, np.arange(5, dtype=np.int32))
     assert padded.prefill_cu_seqlens is step.prefill_cu_seqlens
+    assert padded.shared_prefix_len is step.shared_prefix_len
     assert padded.num_decode == 5
 
 
@@ -144,7 +146,8 @@ def test_capture_template_is_one_row_of_padding():
         "token_ids": np.zeros(1, np.int32), "token_sources": np.full(1, -1, np.int32),
         "positions": np.zeros(1, np.int32), "slot_mapping": np.full(1, -1, np.int32),
         "block_tables": np.zeros((1, MAX_BLOCKS), np.int32), "context_lens": np.ones(1, np.int32),
-        "prefill_cu_seqlens": np.zeros(1, np.int32), "sample_rows": np.zeros(1, np.int32),
+        "prefill_cu_seqlens": np.zeros(1, np.int32), "shared_prefix_len": np.zeros(1, np.int32),
+        "sample_rows": np.zeros(1, np.int32),
         "temperature": np.zeros(1, np.float32), "top_k": np.full(1, -1, np.int32), "top_p": np.ones(1, np.float32),
         "seeds": np.zeros(1, np.uint64), "sample_positions": np.zeros(1, np.int64),
     }  # fmt: skip
@@ -153,6 +156,43 @@ def test_capture_template_is_one_row_of_padding():
         assert array.dtype == value.dtype and array.shape == value.shape, name
         np.testing.assert_array_equal(array, value, err_msg=name)
     assert template.num_decode == 1
+
+
+def _sharing_batch(tables: list[list[int]], lens: list[int]) -> ScheduledBatch:
+    seqs = []
+    for i, (table, length) in enumerate(zip(tables, lens)):
+        seq = Sequence(f"s{i}", list(range(length - 1)), SamplingParams(temperature=0.0))
+        seq.num_computed_tokens = length - 1
+        seq.append_token(7)
+        seq.block_table = table
+        seqs.append(seq)
+    count = len(seqs)
+    return ScheduledBatch(seqs, np.ones(count, np.int32), np.ones(count, bool), num_decodes=count)
+
+
+@pytest.mark.parametrize(
+    "tables, lens, shared",
+    [
+        ([[3, 4, 5], [3, 4, 9], [3, 4, 8, 1]], [9, 12, 13], 8),  # blocks 3, 4 in all: 8 tokens
+        ([[3, 4, 5], [3, 4, 9]], [8, 12], 4),  # the first row's last token is in block 4: its own
+        ([[3, 4], [2, 4]], [8, 8], 0),  # the first blocks differ
+        ([[3, 4, 5], [3, 4, 5]], [12, 12], 8),  # a table's last block is never shared
+        ([[3, 4, 5]], [12], 0),  # one sequence shares with no one
+    ],
+)
+def test_shared_prefix_is_the_whole_blocks_every_decode_row_holds_before_its_last_token(tables, lens, shared):
+    asked = []
+
+    def reads_shared_prefix(num_decode, tokens):
+        asked.append((num_decode, tokens))
+        return True
+
+    step = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, reads_shared_prefix)
+    assert step.shared_prefix_len.tolist() == [shared]
+    assert asked == ([(len(tables), shared)] if shared else [])
+    refused = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, lambda *_: False)
+    unasked = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS)
+    assert refused.shared_prefix_len.tolist() == unasked.shared_prefix_len.tolist() == [0]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import SIMULATOR, random_bf16
 from tests.random_llama import LLAMA_3_2_1B_CONFIG, TINY_OVERRIDES
-from tinyvllm.backends import kernel_list
+from tinyvllm.backends import kernel_list, variants
 from tinyvllm.backends.base import ModelOperators, SamplerOperators, methods
 from tinyvllm.backends.cuda_backend import CudaBackend
 from tinyvllm.backends.variants import (
@@ -110,6 +110,8 @@ KERNEL_FUNCTIONS = {
     "paged_decode_attention": "decode",
     "split_decode_attention": "decode",
     "merge_partitions": "_merge_partitions_kernel",
+    "cascade_prefix_attention": "shared_prefix",
+    "merge_cascade": "_merge_cascade_kernel",
     "sample_parts": "_part_kernel",
     "sample": "_sample_kernel",
     "apply_penalties": "_penalty_kernel",
@@ -144,19 +146,26 @@ def _launched_per_call(backend: CudaBackend, patch: pytest.MonkeyPatch) -> list:
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="counts launches in Numba's simulator")
-@pytest.mark.parametrize("batch, linear_backend, max_model_len", [(1, "numba", 256), (2, "tiled", 64)])
-def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model_len):
+@pytest.mark.parametrize(
+    "batch, linear_backend, max_model_len, shared", [(1, "numba", 256, 0), (2, "tiled", 64, 0), (2, "tiled", 64, 32)]
+)
+def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model_len, shared, monkeypatch):
     """A tiny model's decode step on the real kernels (simulated): the fused GEMV path with a
-    split decode, and the tiled path, whose norm, activation and RoPE run apart, unsplit."""
+    split decode, the tiled path, whose norm, activation and RoPE run apart, unsplit, and
+    the tiled path with cascade attention (its thresholds lowered to the step's)."""
+    monkeypatch.setattr(variants, "CASCADE_MIN_SEQS", batch)
+    monkeypatch.setattr(variants, "CASCADE_MIN_TOKENS", 32)
     options = {"linear_backend": linear_backend, "max_model_len": max_model_len, "enforce_eager": True}
     expected = kernel_list.decode_step_kernels(
-        TINY, batch, num_sms=multiprocessor_count(), cublas_available=False, **options
+        TINY, batch, shared=shared, num_sms=multiprocessor_count(), cublas_available=False, **options
     )
     rng = np.random.default_rng(0)
     weights = {name: random_bf16(rng, shape, 0.1) for name, shape in weight_shapes(TINY).items()}
     backend = CudaBackend(linear_backend)
     runner = ModelRunner(TINY, weights, backend, EngineConfig(**options).resolve(TINY))
-    step = kernel_list.prepare_decode_step(runner, batch, kernel_list.DEFAULT_CONTEXT, capture_graphs=False)
+    step = kernel_list.prepare_decode_step(
+        runner, batch, kernel_list.DEFAULT_CONTEXT, shared=shared, capture_graphs=False
+    )
     with pytest.MonkeyPatch.context() as patch:
         actual = _launched_per_call(backend, patch)
         runner.execute(step)
@@ -166,6 +175,8 @@ def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model
         for (function, _), kernel in zip(launched, call.kernels):
             assert function in np.atleast_1d(KERNEL_FUNCTIONS[kernel.name]), (name, kernel.name)
         for (_, grid), kernel in zip(launched, call.kernels):
-            if kernel.name == "split_decode_attention":
-                assert grid[2] == kernel.partitions > 1
-    assert any(k.name == "split_decode_attention" for call in expected for k in call.kernels) == (batch == 1)
+            if kernel.name in ("split_decode_attention", "cascade_prefix_attention"):
+                assert grid[2] == kernel.partitions, (name, kernel.name)
+    kernels = {k.name for call in expected for k in call.kernels}
+    assert ("cascade_prefix_attention" in kernels) == (shared > 0)
+    assert ("split_decode_attention" in kernels) == (batch == 1 or shared > 0)

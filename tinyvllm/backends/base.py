@@ -114,8 +114,12 @@ class ModelOperators(Protocol):
         context_lens: DeviceArray,
         out: Output,
         scratch: Scratch,
+        shared_prefix_len: DeviceArray | None = None,
     ) -> None:
-        """Attention of one query row per sequence over its paged context."""
+        """Attention of one query row per sequence over its paged context. With
+        shared_prefix_len (int32[1]: tokens whose blocks lead every sequence's table), that
+        prefix's K and V are read once for all the sequences (cascade attention); the
+        result is the same."""
 
 
 class SamplerOperators(Protocol):
@@ -216,6 +220,10 @@ class Memory(Protocol):
 
     def decode_scratch(self, max_seqs: int, config: ModelConfig) -> Scratch:
         """`decode_attention`'s scratch, for any batch of up to max_seqs sequences."""
+
+    def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
+        """Whether `decode_attention` over num_seqs sequences whose first shared_tokens tokens
+        are in the same blocks should be given shared_prefix_len: where it is faster."""
 
     def sample_scratch(self, max_rows: int, vocab: int) -> Scratch:
         """`sample`'s scratch, for up to max_rows rows of `vocab` logits."""

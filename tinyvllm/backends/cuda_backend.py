@@ -14,7 +14,16 @@ from numba import cuda
 from numba.cuda.cudadrv.driver import device_memset, device_to_device
 
 from tinyvllm.backends.variants import VariantTable, decode_shape
-from tinyvllm.kernels import attention_prefill, attention_split, cublas, embedding, logprobs, penalties, sampling
+from tinyvllm.kernels import (
+    attention_cascade,
+    attention_prefill,
+    attention_split,
+    cublas,
+    embedding,
+    logprobs,
+    penalties,
+    sampling,
+)
 from tinyvllm.kernels.device import multiprocessors, pdl
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.linear import linear, linear_rope_write_kv, linear_silu_mul
@@ -194,17 +203,34 @@ class CudaBackend:
         )
 
     def decode_scratch(self, max_seqs: int, config):
-        """Split-K's float32 partial results, sized for the whole GPU (any batch)."""
-        shape = attention_split.decode_workspace_shape(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, self.variants.num_sms
-        )
-        return self.empty(shape, np.float32)
+        """Split-K's float32 partial results, sized for the whole GPU (any batch), or cascade
+        attention's for any batch of up to max_seqs sequences, whichever is larger."""
+        heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        rows, columns = attention_split.decode_workspace_shape(heads, kv_heads, head_dim, self.variants.num_sms)
+        for seqs in range(1, max_seqs + 1):
+            # the own parts are at most split-K's: the widest table gives the most
+            own, shared = self.variants.cascade_partitions(seqs, kv_heads, 2**31 - 1, (heads // kv_heads, head_dim))
+            rows = max(rows, attention_cascade.cascade_workspace_rows(seqs, heads, own, shared))
+        return self.empty((rows, columns), np.float32)
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
-        partitions = self.variants.decode_partitions(*decode_shape(q, k_cache, block_tables))
-        attention_split.decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, out, scratch, partitions, stream=self.stream
-        )
+    def decode_attention(
+        self, q, k_cache, v_cache, block_tables, context_lens, out, scratch, shared_prefix_len=None
+    ) -> None:
+        shape = decode_shape(q, k_cache, block_tables)
+        if shared_prefix_len is None:
+            partitions = self.variants.decode_partitions(*shape)
+            attention_split.decode_attention(
+                q, k_cache, v_cache, block_tables, context_lens, out, scratch, partitions, stream=self.stream
+            )
+            return
+        own, shared = self.variants.cascade_partitions(*shape, (q.shape[1] // k_cache.shape[2], q.shape[2]))
+        attention_cascade.cascade_decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, shared_prefix_len, out, scratch, own, shared,
+            stream=self.stream,
+        )  # fmt: skip
+
+    def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
+        return self.variants.cascade(num_seqs, shared_tokens)
 
     def sample_scratch(self, max_rows: int, vocab: int):
         """The sampler's best value and index of each part of each row, for up to max_rows rows."""

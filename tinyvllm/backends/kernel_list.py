@@ -57,12 +57,14 @@ def decode_step_kernels(
     batch: int,
     *,
     context: int = DEFAULT_CONTEXT,
+    shared: int = 0,
     num_sms: int = H200_SMS,
     cublas_available: bool = True,
     **engine_options,
 ) -> list:
     """The OperatorCalls, in launch order, of one decode step of `batch` sequences of
-    `context` cached tokens each, as the CUDA engine built with `engine_options` (the
+    `context` cached tokens each, the first `shared` of them in the same blocks (as the
+    prefix cache shares them), as the CUDA engine built with `engine_options` (the
     EngineConfig fields: linear_backend, max_model_len, block_size, max_num_seqs,
     enforce_eager, ...) runs it on a GPU of num_sms SMs."""
     from tinyvllm.backends.recording import RecordingBackend
@@ -73,15 +75,16 @@ def decode_step_kernels(
     engine = EngineConfig(**(engine_options | {"backend": "cuda"})).resolve(config)
     backend = RecordingBackend(VariantTable(engine.linear_backend, num_sms, cublas_available))
     runner = ModelRunner(config, _ZeroWeights(config), backend, engine)
-    step = prepare_decode_step(runner, batch, context, capture_graphs=not engine.enforce_eager)
+    step = prepare_decode_step(runner, batch, context, shared=shared, capture_graphs=not engine.enforce_eager)
     backend.calls.clear()
     runner.execute(step)
     return backend.calls
 
 
-def prepare_decode_step(runner, batch: int, context: int, *, capture_graphs: bool):
+def prepare_decode_step(runner, batch: int, context: int, *, shared: int = 0, capture_graphs: bool):
     """Give the runner a KV arena (and its CUDA graphs where `capture_graphs` and its
-    backend can), and return a decode step of `batch` sequences of `context` cached tokens."""
+    backend can), and return a decode step of `batch` sequences of `context` cached tokens,
+    the blocks of the first `shared` of them (whole blocks) the same in every sequence."""
     import numpy as np
 
     from tinyvllm.engine.block_manager import blocks_needed
@@ -94,14 +97,19 @@ def prepare_decode_step(runner, batch: int, context: int, *, capture_graphs: boo
         raise ValueError(f"batch: must be 1 to max_num_seqs ({limits.max_num_seqs}), got {batch}")
     if not 1 <= context < limits.max_model_len:
         raise ValueError(f"context: must be 1 to max_model_len - 1 ({limits.max_model_len - 1}), got {context}")
+    if not 0 <= shared <= context:
+        raise ValueError(f"shared: must be 0 to context ({context}), got {shared}")
     blocks_per_seq = blocks_needed(context + 1, limits.block_size)
+    common = shared // limits.block_size
     runner.allocate_kv_cache(batch * blocks_per_seq)
     if capture_graphs and runner.backend.can_capture_graphs:
         runner.capture_decode_graphs()
     seqs = []
     for index in range(batch):
         seq = Sequence(f"seq-{index}", [0] * context, SamplingParams(temperature=0.0, max_tokens=2))
-        seq.block_table = list(range(index * blocks_per_seq, (index + 1) * blocks_per_seq))
+        seq.block_table = list(range(common)) + list(
+            range(index * blocks_per_seq + common, (index + 1) * blocks_per_seq)
+        )
         seq.num_computed_tokens = context
         seq.append_token(0)
         seqs.append(seq)
@@ -162,6 +170,12 @@ def add_parser(subcommands) -> argparse.ArgumentParser:
         default=DEFAULT_CONTEXT,
         help=f"cached tokens per sequence (default {DEFAULT_CONTEXT}; the kernels do not depend on it)",
     )
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="of those, tokens every sequence holds in the same blocks, as the prefix cache shares them (default 0)",
+    )
     parser.add_argument("--sms", type=int, default=H200_SMS, help=f"the GPU's SM count (default {H200_SMS}, the H200)")
     parser.add_argument("--no-cublas", action="store_true", help="a GPU without cuBLAS (CuPy not installed)")
     add_engine_arguments(parser)
@@ -182,6 +196,7 @@ def run_kernels(args: argparse.Namespace) -> None:
         config,
         args.batch,
         context=args.context,
+        shared=args.shared_prefix,
         num_sms=args.sms,
         cublas_available=not args.no_cublas,
         **dataclasses.asdict(engine),
@@ -189,6 +204,7 @@ def run_kernels(args: argparse.Namespace) -> None:
     cublas = "without cuBLAS" if args.no_cublas else "with cuBLAS"
     print(
         f"{args.model}: one decode step of {args.batch} sequence{'s' if args.batch > 1 else ''} "
+        f"({args.shared_prefix} of {args.context} cached tokens shared) "
         f"on a GPU of {args.sms} SMs {cublas}, "
         f"linear_backend {engine.linear_backend!r}"
     )

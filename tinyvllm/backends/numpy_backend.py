@@ -154,9 +154,15 @@ class NumpyBackend:
     def decode_scratch(self, max_seqs: int, config) -> None:
         """The NumPy decode needs no split-K scratch."""
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
+    def decode_attention(
+        self, q, k_cache, v_cache, block_tables, context_lens, out, scratch, shared_prefix_len=None
+    ) -> None:
         cu_seqlens_q = np.arange(q.shape[0] + 1, dtype=np.int32)
         self.prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out)
+
+    def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
+        """Never: a shared prefix read once would save the NumPy decode nothing it spends."""
+        return False
 
     def sample_scratch(self, max_rows: int, vocab: int) -> None:
         """The NumPy sampler needs no per-part scratch."""

@@ -169,8 +169,15 @@ class RecordingBackend:
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         self._record("prefill_attention", KernelLaunch("prefill_attention"))
 
-    def decode_attention(self, q, k_cache, v_cache, block_tables, context_lens, out, scratch) -> None:
-        self._record("decode_attention", *self.variants.decode_launches(*decode_shape(q, k_cache, block_tables)))
+    def decode_attention(
+        self, q, k_cache, v_cache, block_tables, context_lens, out, scratch, shared_prefix_len=None
+    ) -> None:
+        shape = decode_shape(q, k_cache, block_tables)
+        cascade = None if shared_prefix_len is None else (q.shape[1] // k_cache.shape[2], q.shape[2])
+        self._record("decode_attention", *self.variants.decode_launches(*shape, cascade=cascade))
+
+    def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
+        return self.variants.cascade(num_seqs, shared_tokens)
 
     def sample(self, logits, temperature, top_k, top_p, seeds, positions, out, scratch) -> None:
         self._record("sample", *self.variants.sample_launches(logits.shape[0]))

@@ -20,8 +20,11 @@ activation, RoPE and the KV write) in its store; any other product kernel reads 
 the norm's own kernel wrote and leaves the next operator to its own kernel.
 
 Decode attention splits each context into parts (flash-decoding) when the batch alone
-cannot fill the GPU (`decode_partitions`). Every choice depends only on shapes, so a
-captured CUDA graph replays the choice it was captured with.
+cannot fill the GPU (`decode_partitions`). Every such choice depends only on shapes, so a
+captured CUDA graph replays the choice it was captured with. One depends on the step:
+when many decode sequences share a long prefix in the same KV blocks (the prefix cache
+gave them), decode attention reads that prefix once for all of them (cascade attention,
+`cascade`), and the decode graphs are keyed by that choice too.
 
 `VariantTable` answers both questions the backend asks (which product kernel, how many
 partitions) and, from the same answers, the names of the kernels each operator call
@@ -32,6 +35,7 @@ launches: the CUDA backend runs what the first two say, and the kernel list
 from dataclasses import dataclass
 
 from tinyvllm.config import LINEAR_BACKENDS
+from tinyvllm.kernels.attention_cascade import cascade_shared_partitions
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS
 from tinyvllm.kernels.gemv_shape import MAX_ROWS
 
@@ -44,6 +48,11 @@ cuBLAS pulls ahead."""
 MIN_PARTITION_TOKENS = 64
 """Split-K cuts a block table's width into parts no shorter than this (one loop step of a
 block at D = 64), so that a full-length context gives every block a step of work."""
+CASCADE_MIN_SEQS = 8
+CASCADE_MIN_TOKENS = 256
+"""Cascade attention runs for at least this many decode sequences sharing at least this
+many tokens (vLLM's thresholds): below them the shared kernel and the merge it adds cost
+more launches than the prefix reads they save."""
 FUSED = {"linear": "gemv", "linear_silu_mul": "gemv_silu_mul", "linear_rope_write_kv": "gemv_rope_write_kv"}
 """The GEMV kernel of each product operator, with its epilogue fused into the store."""
 EPILOGUES = {"linear": (), "linear_silu_mul": ("silu_mul",), "linear_rope_write_kv": ("rope_write_kv",)}
@@ -136,9 +145,33 @@ class VariantTable:
         names = ("rmsnorm",) * normed + (PRODUCT_KERNELS[product],) + EPILOGUES[operator]
         return tuple(KernelLaunch(name) for name in names)
 
-    def decode_launches(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> tuple[KernelLaunch, ...]:
-        """The kernels of decode attention: one over whole contexts, or the split and its merge."""
+    def cascade(self, num_seqs: int, shared_tokens: int) -> bool:
+        """Whether decode attention of num_seqs sequences whose first shared_tokens tokens are
+        in the same blocks reads those once for all (cascade attention)."""
+        return num_seqs >= CASCADE_MIN_SEQS and shared_tokens >= CASCADE_MIN_TOKENS
+
+    def cascade_partitions(
+        self, num_seqs: int, num_kv_heads: int, max_context_len: int, heads: tuple[int, int]
+    ) -> tuple[int, int]:
+        """Cascade attention's parts: of each sequence's own tokens (as split-K cuts whole
+        contexts) and of the shared prefix (enough to fill the GPU); heads is (query heads
+        per KV head, head_dim)."""
+        own = self.decode_partitions(num_seqs, num_kv_heads, max_context_len)
+        return own, cascade_shared_partitions(num_seqs, num_kv_heads, *heads, BLOCKS_PER_SM * self.num_sms)
+
+    def decode_launches(
+        self, num_seqs: int, num_kv_heads: int, max_context_len: int, cascade: tuple[int, int] | None = None
+    ) -> tuple[KernelLaunch, ...]:
+        """The kernels of decode attention: one over whole contexts, or the split and its merge;
+        with `cascade` (query heads per KV head, head_dim), cascade attention's three."""
         partitions = self.decode_partitions(num_seqs, num_kv_heads, max_context_len)
+        if cascade is not None:
+            own, shared = self.cascade_partitions(num_seqs, num_kv_heads, max_context_len, cascade)
+            return (
+                KernelLaunch("split_decode_attention", own),
+                KernelLaunch("cascade_prefix_attention", shared),
+                KernelLaunch("merge_cascade"),
+            )
         if partitions == 1:
             return (KernelLaunch("paged_decode_attention"),)
         return KernelLaunch("split_decode_attention", partitions), KernelLaunch("merge_partitions")

@@ -14,9 +14,11 @@ bucket. Padding rows write no KV (slot -1), attend to one token of block 0 and s
 greedily; their outputs are never read. The captures allocate nothing: every buffer is
 the runner's, so all graphs share the same memory.
 
-A graph is also keyed by the step's sampler options (`sampler_options.SamplerOptions`): the plain
-sampler's graphs are captured up front; the first decode step of a bucket that needs the
-penalty or min-p kernels runs eagerly and is then captured, for the steps after it.
+A graph is also keyed by the step's sampler options (`sampler_options.SamplerOptions`) and by
+whether its decode attention reads a shared prefix once (cascade attention, whose length
+the graph reads from the step's buffers): the plain sampler's graphs without cascade are
+captured up front; the first decode step of a bucket that needs the penalty or min-p
+kernels, or cascade attention, runs eagerly and is then captured, for the steps after it.
 """
 
 import numpy as np
@@ -85,7 +87,7 @@ class DecodeGraphs:
         for size in reversed(self.buckets):
             inputs = runner.buffers.upload(pad_decode_step(template, size))
             runner.forward_and_sample(inputs)
-            self.graphs[size, PLAIN_SAMPLER] = self._capture(runner, inputs, PLAIN_SAMPLER)
+            self.graphs[size, PLAIN_SAMPLER, False] = self._capture(runner, inputs, PLAIN_SAMPLER)
 
     def replay(self, runner, step: HostStep, options: SamplerOptions) -> None:
         """Launch a decode step of B <= max_batch sequences: its B sampled tokens go to
@@ -95,11 +97,12 @@ class DecodeGraphs:
         buffers: StepBuffers = runner.buffers
         padded = pad_decode_step(step, size)
         buffers.stage(padded)
-        graph = self.graphs.get((size, options))
+        key = size, options, bool(step.shared_prefix_len[0])
+        graph = self.graphs.get(key)
         if graph is None:
             inputs = buffers.views(padded)
             runner.forward_and_sample(inputs, options)
-            self.graphs[size, options] = self._capture(runner, inputs, options)
+            self.graphs[key] = self._capture(runner, inputs, options)
         else:
             runner.backend.launch_graph(graph)
 

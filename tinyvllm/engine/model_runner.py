@@ -49,6 +49,8 @@ class ModelRunner:
         self.kv_arena = None
         self.kv_caches: list[tuple] = []
         self.graphs: DecodeGraphs | None = None
+        # Cascade attention, where the backend has it: decode reads a shared prefix once.
+        self.reads_shared_prefix = None if limits.disable_cascade_attn else backend.decode_reads_shared_prefix
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The arena, zeroed: padding rows of a graph replay read block 0 and must find numbers there."""
@@ -77,6 +79,10 @@ class ModelRunner:
         seq.num_computed_tokens = num_tokens
         seq.append_token(0)
         self.execute(_single(seq, 1))
+        if self.reads_shared_prefix is not None:
+            # Two rows of one sequence share its full blocks: the cascade kernels compile too.
+            twice = ScheduledBatch([seq, seq], np.array([1, 1], np.int32), np.array([True, True]), num_decodes=2)
+            self.execute(twice, reads_shared_prefix=lambda *_: True)
         self.kv_arena = None
         self.kv_caches = []
         self.num_blocks = 0
@@ -84,10 +90,14 @@ class ModelRunner:
     # --8<-- [end:warm-up]
 
     # --8<-- [start:execute]
-    def launch(self, batch: ScheduledBatch) -> "LaunchedStep":
-        """Queue one scheduled batch on the device; `collect` gives its sampled tokens."""
+    def launch(self, batch: ScheduledBatch, reads_shared_prefix=None) -> "LaunchedStep":
+        """Queue one scheduled batch on the device; `collect` gives its sampled tokens.
+        reads_shared_prefix: `build_step`'s, in place of the backend's."""
         slots = self.token_slots.assign(batch)
-        step = build_step(batch, self.limits.block_size, self.limits.max_blocks_per_seq, slots)
+        limits = self.limits
+        step = build_step(
+            batch, limits.block_size, limits.max_blocks_per_seq, slots, reads_shared_prefix or self.reads_shared_prefix
+        )
         options = sampler_options(step.penalty_slots, step.temperature, step.min_p, step.num_logprobs)
         decode_only = step.num_decode == step.context_lens.shape[0]
         prompt_rows = None
@@ -111,9 +121,9 @@ class ModelRunner:
         self.backend.wait(launched.done)
         return launched.host[: launched.num_sampled].copy()
 
-    def execute(self, batch: ScheduledBatch) -> np.ndarray:
+    def execute(self, batch: ScheduledBatch, reads_shared_prefix=None) -> np.ndarray:
         """`launch`, then `collect`: one step, start to finish."""
-        return self.collect(self.launch(batch))
+        return self.collect(self.launch(batch, reads_shared_prefix))
 
     def forward_and_sample(self, inputs: StepInputs, options: SamplerOptions = PLAIN_SAMPLER) -> None:
         """The device work of a step (what a graph captures): the tokens sampled by the

@@ -15,6 +15,7 @@ keeps the real one instead: `token_sources[t]`, the row of step n-1's sampled to
 (the runner copies it in on the device before the embedding, `feed_sampled_tokens`).
 """
 
+from collections.abc import Callable
 from itertools import chain
 
 import numpy as np
@@ -45,12 +46,19 @@ def empty_step(max_blocks_per_seq: int) -> HostStep:
 
 # --8<-- [start:build-step]
 def build_step(
-    batch: ScheduledBatch, block_size: int, max_blocks_per_seq: int, penalty_slots: np.ndarray | None = None
+    batch: ScheduledBatch,
+    block_size: int,
+    max_blocks_per_seq: int,
+    penalty_slots: np.ndarray | None = None,
+    reads_shared_prefix: Callable[[int, int], bool] | None = None,
 ) -> HostStep:
     """NumPy metadata for a batch whose decode sequences come first.
 
     penalty_slots: the token-state slot of each sampling sequence (`token_slots.py`, -1:
     none); None: no sequence reads one, and the penalty fields hold their neutral pads.
+    reads_shared_prefix(num_decode, shared_tokens): whether decode attention should read
+    the decode sequences' shared prefix once for all of them (the backend's
+    `decode_reads_shared_prefix`); None: never, and `shared_prefix_len` is 0.
 
     Each scheduled sequence computes tokens [start, start + n) of its token list, where
     start = num_computed_tokens; the last of them samples if the batch says so. A decode
@@ -82,6 +90,12 @@ def build_step(
     block_tables[table_rows, table_cols] = flat_tables
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
     slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
+    shared = 0
+    if reads_shared_prefix is not None and batch.num_decodes > 1:
+        decodes = slice(0, batch.num_decodes)
+        shared = shared_prefix_tokens(block_tables[decodes], ends[decodes], block_size)
+        if shared and not reads_shared_prefix(batch.num_decodes, shared):
+            shared = 0
     sampling = batch.sampling_seqs
     params = [seq.sampling_params for seq in sampling]
     return HostStep(
@@ -92,6 +106,7 @@ def build_step(
         block_tables=block_tables,
         context_lens=ends.astype(np.int32),
         prefill_cu_seqlens=np.concatenate([[0], np.cumsum(counts[batch.num_decodes :])]).astype(np.int32),
+        shared_prefix_len=np.array([shared], dtype=np.int32),
         sample_rows=(row_ends - 1)[batch.samples].astype(np.int32),
         temperature=np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
         top_k=np.array([p.top_k for p in params], dtype=np.int32),
@@ -106,6 +121,15 @@ def build_step(
 
 
 # --8<-- [end:build-step]
+
+
+def shared_prefix_tokens(block_tables: np.ndarray, context_lens: np.ndarray, block_size: int) -> int:
+    """The leading tokens that every row of block_tables holds in the same KV blocks (the
+    prefix cache gave them the same blocks): whole blocks, all before each row's last token,
+    whose block is the row's own."""
+    blocks = int(context_lens.min() - 1) // block_size
+    same = (block_tables[1:, :blocks] == block_tables[0, :blocks]).all(axis=0)
+    return (blocks if same.all() else int(np.argmin(same))) * block_size
 
 
 _PENALTY_PADS = {field.name: (field.pad, field.dtype) for field in STEP_FIELDS if field.name in _PENALTY_FIELDS}
@@ -190,6 +214,7 @@ class StepBuffers:
             step.token_ids.shape[0],
             step.num_decode,
             step.context_lens.shape[0] - step.num_decode,
+            int(step.shared_prefix_len[0]),
         )
 
     def upload(self, step: HostStep) -> StepInputs:

@@ -106,6 +106,7 @@ class LlamaModel:
         if num_decode:
             decode_q, decode_attn = rows(q, num_decode), rows(attn, num_decode)
             decode_tables, decode_lens = rows(step.block_tables, num_decode), rows(step.context_lens, num_decode)
+            shared = step.shared_prefix_len if step.num_shared_tokens else None  # cascade attention
         if step.num_prefill_seqs:
             sequences = slice(num_decode, num_decode + step.num_prefill_seqs)
             prefill_q, prefill_attn = q[num_decode:], attn[num_decode:]
@@ -127,7 +128,7 @@ class LlamaModel:
             )
             if num_decode:
                 ops.decode_attention(
-                    decode_q, k_cache, v_cache, decode_tables, decode_lens, decode_attn, ws.decode_scratch
+                    decode_q, k_cache, v_cache, decode_tables, decode_lens, decode_attn, ws.decode_scratch, shared
                 )
             if step.num_prefill_seqs:
                 ops.prefill_attention(

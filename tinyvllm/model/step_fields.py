@@ -5,6 +5,9 @@ one per sequence, whose sequences are rows [0, num_decode) of `block_tables` and
 `context_lens`; the prefill sequences follow, with their query rows given by
 `prefill_cu_seqlens` (relative to the first prefill token). `sample_rows` are the token
 rows whose logits are needed, and the sampling parameters have one entry per sampled row.
+`shared_prefix_len` is the one value of the step: the leading tokens that every decode
+sequence holds in the same KV blocks, when decode attention reads them once for all of
+those sequences (cascade attention), else 0.
 
 Everything that lists the fields derives from `STEP_FIELDS`: the engine's host step
 (`HostStep`) and its buffers (`StepBuffers`: pinned staging, one device area, the views),
@@ -28,6 +31,7 @@ class Extent(Enum):
     SAMPLED_ROW = "sampled row"  # [num_sampled]
     BLOCK_TABLE = "block table"  # [num_seqs, max_blocks_per_seq]
     PREFILL_OFFSETS = "prefill offsets"  # [num_prefill_seqs + 1]
+    STEP = "step"  # [1]: one value for the whole step
 
     def shape(self, num_tokens: int, num_seqs: int, max_blocks_per_seq: int) -> tuple[int, ...]:
         """The field's shape for a step of that many tokens and sequences (at most as many sampled rows)."""
@@ -37,13 +41,15 @@ class Extent(Enum):
             return (num_seqs, max_blocks_per_seq)
         if self is Extent.PREFILL_OFFSETS:
             return (num_seqs + 1,)
+        if self is Extent.STEP:
+            return (1,)
         return (num_seqs,)
 
 
 class Pad(Enum):
     """Graph padding that is not a fill value."""
 
-    KEEP = "keep"  # unchanged: a decode step has no prefill sequences to pad
+    KEEP = "keep"  # unchanged: a decode step has no prefill sequences to pad, and a step value stays
     ROW_INDEX = "row index"  # rows 0..size-1: every row of the padded step samples its own token
 
 
@@ -70,6 +76,7 @@ STEP_FIELDS = (
     StepField("slot_mapping", Extent.TOKEN, np.int32, -1),  # -1: write no KV
     StepField("context_lens", Extent.SEQUENCE, np.int32, 1),
     StepField("prefill_cu_seqlens", Extent.PREFILL_OFFSETS, np.int32, Pad.KEEP),
+    StepField("shared_prefix_len", Extent.STEP, np.int32, Pad.KEEP),  # tokens all decode rows share (cascade), or 0
     StepField("sample_rows", Extent.SAMPLED_ROW, np.int32, Pad.ROW_INDEX),
     StepField("temperature", Extent.SAMPLED_ROW, np.float32, 0.0),  # 0: greedy
     StepField("top_k", Extent.SAMPLED_ROW, np.int32, -1),  # -1: no top-k
@@ -101,7 +108,8 @@ StepInputs = step_class(
     "StepInputs",
     __name__,
     """One step's device-side metadata: views of the runner's persistent buffers, one per
-    `STEP_FIELDS` entry, and the step's token, decode and prefill-sequence counts.""",
+    `STEP_FIELDS` entry, and the step's token, decode and prefill-sequence counts and its
+    `shared_prefix_len` (on the host: which kernels run depends on it).""",
     object,
-    ("num_tokens", "num_decode", "num_prefill_seqs"),
+    ("num_tokens", "num_decode", "num_prefill_seqs", "num_shared_tokens"),
 )
