@@ -182,9 +182,16 @@ def with_hit_rate(engine: LLMEngine, run: Callable[[], dict]) -> dict:
 
 
 def run_all(
-    directory: Path, backend: str, sizes: Sizes, caching: bool, num_blocks: int | None, cascade: bool = True
+    directory: Path,
+    backend: str,
+    sizes: Sizes,
+    caching: bool,
+    num_blocks: int | None,
+    cascade: bool = True,
+    only_shared: bool = False,
 ) -> dict:
-    """Every workload on one engine; without `cascade` (cascade attention off), the shared prefix only."""
+    """Every workload on one engine; without `cascade` (cascade attention off) or with
+    `only_shared`, the shared prefix only."""
     llm = LLM(directory, backend=backend, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=caching,
               num_blocks=num_blocks, max_num_batched_tokens=sizes.max_num_batched_tokens,
               disable_cascade_attn=not cascade)  # fmt: skip
@@ -193,7 +200,7 @@ def run_all(
     results = {
         "shared_prefix": with_hit_rate(engine, lambda: run_shared_prefix(engine, shared_prefix_workload(sizes, vocab)))
     }
-    if cascade:
+    if cascade and not only_shared:
         results["multi_turn"] = with_hit_rate(
             engine, lambda: run_conversations(engine, multi_turn_conversations(sizes, vocab))
         )
@@ -242,6 +249,9 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "numpy"))
     parser.add_argument("--quick", action="store_true", help=f"tiny sizes: {QUICK}")
     parser.add_argument("--num-blocks", type=int, help="KV blocks (16 tokens each); default: sized from memory")
+    parser.add_argument(
+        "--cascade-only", action="store_true", help="only the shared prefix, cache on, cascade attention on and off"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -249,11 +259,22 @@ def main() -> None:
     directory = model_dir(args.model)
     sizes = QUICK if args.quick else FULL
     results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
-    for caching in (True, False):
-        results[f"cache_{'on' if caching else 'off'}"] = run_all(directory, backend, sizes, caching, args.num_blocks)
-    results["cache_on_cascade_off"] = run_all(directory, backend, sizes, True, args.num_blocks, cascade=False)
-    results["bars"] = bars(results["cache_on"], results["cache_off"])
-    print_table(results)
+    if args.cascade_only:
+        for cascade in (True, False):
+            run = run_all(directory, backend, sizes, True, args.num_blocks, cascade=cascade, only_shared=True)
+            results[f"cascade_{'on' if cascade else 'off'}"] = shared = run["shared_prefix"]
+            ttft = shared["ttft_ms"]["p50"]
+            print(
+                f"cascade {'on' if cascade else 'off'}: {shared['output_tok_per_s']:.1f} tok/s, TTFT p50 {ttft:.1f} ms"
+            )
+    else:
+        for caching in (True, False):
+            results[f"cache_{'on' if caching else 'off'}"] = run_all(
+                directory, backend, sizes, caching, args.num_blocks
+            )
+        results["cache_on_cascade_off"] = run_all(directory, backend, sizes, True, args.num_blocks, cascade=False)
+        results["bars"] = bars(results["cache_on"], results["cache_off"])
+        print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     header = run_header(backend, " ".join(sys.orig_argv))
     args.out.write_text(json.dumps({**header, **results}, indent=2) + "\n")
