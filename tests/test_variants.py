@@ -155,7 +155,8 @@ def test_kernel_list_is_what_the_kernels_launch(batch, linear_backend, max_model
     the tiled path with cascade attention (its thresholds lowered to the step's)."""
     monkeypatch.setattr(variants, "CASCADE_MIN_SEQS", batch)
     monkeypatch.setattr(variants, "CASCADE_MIN_TOKENS", 32)
-    options = {"linear_backend": linear_backend, "max_model_len": max_model_len, "enforce_eager": True}
+    options = {"linear_backend": linear_backend, "max_model_len": max_model_len, "enforce_eager": True,
+               "disable_cascade_attn": False}  # fmt: skip
     expected = kernel_list.decode_step_kernels(
         TINY, batch, shared=shared, num_sms=multiprocessor_count(), cublas_available=False, **options
     )
