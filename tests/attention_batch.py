@@ -9,9 +9,22 @@ turns its output into NaN, which the error check rejects.
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
-from tests.helpers import BF16_NAN, random_bf16, widen
-from tinyvllm.kernels import reference
+from tests.helpers import BF16_NAN, SIMULATOR, random_bf16, widen
+from tinyvllm.kernels import attention_decode, attention_prefill, reference
+
+
+@pytest.fixture(autouse=True, scope="module")
+def small_blocks():
+    """Imported by the attention tests (autouse there): the simulator runs a Python thread
+    per CUDA thread, and small blocks keep it quick."""
+    with pytest.MonkeyPatch.context() as patch:
+        if SIMULATOR:
+            patch.setattr(attention_prefill, "PREFILL_THREADS", 8)
+            patch.setattr(attention_prefill, "TILE_FLOATS", 64)
+            patch.setattr(attention_decode, "DECODE_THREADS", 16)
+        yield
 
 
 @dataclass

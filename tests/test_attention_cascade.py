@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.attention_batch import shared_prefix_batch
-from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, random_bf16, relative_error, widen
-from tinyvllm.kernels import attention_decode, attention_prefill, reference
+from tests.attention_batch import shared_prefix_batch, small_blocks  # noqa: F401 (the autouse fixture)
+from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
+from tinyvllm.kernels import attention_prefill, reference
 from tinyvllm.kernels.attention_cascade import (
     cascade_decode_attention,
     cascade_shared_partitions,
@@ -21,17 +21,6 @@ from tinyvllm.kernels.reference import to_bf16
 
 PREFILL_THREADS = attention_prefill.PREFILL_THREADS
 """The GPU's block size of the shared kernel, before the fixture below shrinks it."""
-
-
-@pytest.fixture(autouse=True, scope="module")
-def small_blocks():
-    """The simulator runs a Python thread per CUDA thread: small blocks keep it quick."""
-    with pytest.MonkeyPatch.context() as patch:
-        if SIMULATOR:
-            patch.setattr(attention_prefill, "PREFILL_THREADS", 8)
-            patch.setattr(attention_prefill, "TILE_FLOATS", 64)
-            patch.setattr(attention_decode, "DECODE_THREADS", 16)
-        yield
 
 
 MAX_SHARED_BLOCKS = pick(3, 160)

@@ -6,32 +6,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
-from tests.attention_batch import paged_batch
+from tests.attention_batch import paged_batch, small_blocks  # noqa: F401 (the autouse fixture)
 from tests.helpers import (
     BF16_TOLERANCE,
-    SIMULATOR,
     pick,
     poisoned,
     random_bf16,
     relative_error,
     widen,
 )
-from tinyvllm.kernels import attention_decode, attention_prefill
+from tinyvllm.kernels import attention_prefill
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.reference import to_bf16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def small_blocks():
-    """The simulator runs a Python thread per CUDA thread: small blocks keep it quick."""
-    with pytest.MonkeyPatch.context() as patch:
-        if SIMULATOR:
-            patch.setattr(attention_prefill, "PREFILL_THREADS", 8)
-            patch.setattr(attention_prefill, "TILE_FLOATS", 64)
-            patch.setattr(attention_decode, "DECODE_THREADS", 16)
-        yield
-
 
 HEAD_DIMS = pick((8, 16, 32), (64, 128))
 MAX_QUERY = pick(12, 300)

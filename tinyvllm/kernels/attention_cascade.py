@@ -37,22 +37,19 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels import attention_prefill
-from tinyvllm.kernels.attention_common import LOG2_E, block_shift, rescale
+from tinyvllm.kernels.attention_common import LOG2_E, block_shift
 from tinyvllm.kernels.attention_decode import WORKSPACE_EXTRA, check_decode, launch_decode, partition_tokens
 from tinyvllm.kernels.attention_prefill import (
     DIMS_PER_THREAD,
     KEYS_PER_STEP,
-    PAD,
     ROWS_PER_THREAD,
     prefill_layout,
-    tile_io,
+    tile_attention,
 )
 from tinyvllm.kernels.attention_split import MAX_PARTITIONS, MERGE_BATCH, MERGE_THREADS, merge_states
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.device.reduce import group_scratch_shape, lane_group_sum
-from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 
 
@@ -66,12 +63,9 @@ def _shared_layout(head_dim: int, group: int) -> tuple[int, int, int, int, int]:
 def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
     dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
     row_sets = rows // rows_per_thread
-    tile_shape = (keys, lanes, dims + PAD)
-    fetched_shape, fetch, store = tile_io(head_dim, threads, dims, keys)
+    fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
     chunks_per_lane = dims // VECTOR
-    step_scores = rows_per_thread * KEYS_PER_STEP
     scale = float32(LOG2_E / math.sqrt(head_dim))
-    scratch_shape = group_scratch_shape(threads, step_scores)
 
     @cuda.jit
     def shared_prefix(q, k_flat, v_flat, block_tables, shared_len, log2_block_size, first_slot, workspace):
@@ -109,53 +103,12 @@ def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_th
                 acc[i, d] = float32(0.0)
             running_max[i] = -math.inf
             running_sum[i] = float32(0.0)
-
-        k_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
-        v_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
-        scratch = cuda.shared.array(scratch_shape, float32)
-        scores = cuda.local.array(step_scores, float32)
+        last_key = cuda.local.array(rows_per_thread, np.int64)
+        for i in range(rows_per_thread):
+            last_key[i] = end - 1  # every row sees the whole part: no causal mask
         # The prefix's blocks are the same in every table: the first one names them.
-        table = block_tables[0]
-        shift = np.uint32(log2_block_size)
-        k_words = cuda.local.array(fetched_shape, np.uint32)
-        v_words = cuda.local.array(fetched_shape, np.uint32)
-        fetch(k_flat, table, kv_head, start, end, shift, k_words)
-        fetch(v_flat, table, kv_head, start, end, shift, v_words)
-        for tile_start in range(start, end, keys):
-            cuda.syncthreads()
-            store(k_words, k_tile)
-            store(v_words, v_tile)
-            cuda.syncthreads()
-            if tile_start + keys < end:
-                fetch(k_flat, table, kv_head, tile_start + keys, end, shift, k_words)
-                fetch(v_flat, table, kv_head, tile_start + keys, end, shift, v_words)
-            for key in range(0, min(keys, end - tile_start), KEYS_PER_STEP):
-                for i in range(rows_per_thread):
-                    for j in range(KEYS_PER_STEP):
-                        dot = float32(0.0)
-                        for d in range(dims):
-                            dot += query[i, d] * k_tile[key + j, lane, d]
-                        scores[i * KEYS_PER_STEP + j] = dot
-                lane_group_sum(scores, lanes, scratch)
-                # A prefix of odd length (block size 1) ends halfway through a step.
-                past_end = tile_start + key + KEYS_PER_STEP > end
-                for i in range(rows_per_thread):
-                    step_max = running_max[i]
-                    for j in range(KEYS_PER_STEP):
-                        if past_end and tile_start + key + j >= end:
-                            scores[i * KEYS_PER_STEP + j] = -math.inf
-                        step_max = max(step_max, scores[i * KEYS_PER_STEP + j])
-                    if step_max > running_max[i]:
-                        factor = rescale(running_max[i], step_max)
-                        running_sum[i] *= factor
-                        for d in range(dims):
-                            acc[i, d] *= factor
-                        running_max[i] = step_max
-                    for j in range(KEYS_PER_STEP):
-                        weight = math.exp2(scores[i * KEYS_PER_STEP + j] - running_max[i])
-                        running_sum[i] += weight
-                        for d in range(dims):
-                            acc[i, d] += weight * v_tile[key + j, lane, d]
+        fold_tiles(k_flat, v_flat, block_tables[0], kv_head, start, end, np.uint32(log2_block_size), last_key,
+                   query, acc, running_max, running_sum, lane)  # fmt: skip
 
         for i in range(rows_per_thread):
             seq = row0 + row_set + i * row_sets

@@ -126,15 +126,80 @@ def tile_io(head_dim: int, threads: int, dims: int, keys: int) -> tuple[tuple[in
 
 
 @functools.cache
+def tile_attention(head_dim: int, group: int, threads: int, rows_per_thread: int, dims_per_thread: int, keys: int):
+    """The tile loop of flash attention for a block laid out by `prefill_layout`, as an inline
+    device function (the prefill kernel's, and the cascade kernel's over a shared prefix):
+
+        fold_tiles(k_flat, v_flat, table, kv_head, start, end, shift, last_key,
+                   query, acc, running_max, running_sum, lane)
+
+    folds keys [start, end) of the sequence whose block table is `table` into each of the
+    thread's query rows' online-softmax states, row i seeing keys up to last_key[i] (the
+    causal mask; past it a score is -inf)."""
+    dims, lanes, threads, _ = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
+    tile_shape = (keys, lanes, dims + PAD)
+    fetched_shape, fetch, store = tile_io(head_dim, threads, dims, keys)
+    step_scores = rows_per_thread * KEYS_PER_STEP
+    scratch_shape = group_scratch_shape(threads, step_scores)
+
+    @cuda.jit(device=True, inline=True)
+    def fold_tiles(
+        k_flat, v_flat, table, kv_head, start, end, shift, last_key, query, acc, running_max, running_sum, lane
+    ):
+        k_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
+        v_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
+        scratch = cuda.shared.array(scratch_shape, float32)
+        scores = cuda.local.array(step_scores, float32)
+        k_words = cuda.local.array(fetched_shape, np.uint32)
+        v_words = cuda.local.array(fetched_shape, np.uint32)
+        fetch(k_flat, table, kv_head, start, end, shift, k_words)
+        fetch(v_flat, table, kv_head, start, end, shift, v_words)
+        # --8<-- [start:tile-loop]
+        for tile_start in range(start, end, keys):
+            cuda.syncthreads()
+            store(k_words, k_tile)
+            store(v_words, v_tile)
+            cuda.syncthreads()
+            if tile_start + keys < end:
+                fetch(k_flat, table, kv_head, tile_start + keys, end, shift, k_words)
+                fetch(v_flat, table, kv_head, tile_start + keys, end, shift, v_words)
+            for key in range(0, min(keys, end - tile_start), KEYS_PER_STEP):
+                for i in range(rows_per_thread):
+                    for j in range(KEYS_PER_STEP):
+                        dot = float32(0.0)
+                        for d in range(dims):
+                            dot += query[i, d] * k_tile[key + j, lane, d]
+                        scores[i * KEYS_PER_STEP + j] = dot
+                lane_group_sum(scores, lanes, scratch)
+                for i in range(rows_per_thread):
+                    step_max = running_max[i]
+                    for j in range(KEYS_PER_STEP):
+                        if tile_start + key + j > last_key[i]:
+                            scores[i * KEYS_PER_STEP + j] = -math.inf
+                        step_max = max(step_max, scores[i * KEYS_PER_STEP + j])
+                    if step_max > running_max[i]:
+                        factor = rescale(running_max[i], step_max)
+                        running_sum[i] *= factor
+                        for d in range(dims):
+                            acc[i, d] *= factor
+                        running_max[i] = step_max
+                    for j in range(KEYS_PER_STEP):
+                        weight = math.exp2(scores[i * KEYS_PER_STEP + j] - running_max[i])
+                        running_sum[i] += weight
+                        for d in range(dims):
+                            acc[i, d] += weight * v_tile[key + j, lane, d]
+        # --8<-- [end:tile-loop]
+
+    return fold_tiles
+
+
+@functools.cache
 def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
     dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
     row_sets = rows // rows_per_thread
-    tile_shape = (keys, lanes, dims + PAD)
-    fetched_shape, fetch, store = tile_io(head_dim, threads, dims, keys)
+    fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
     chunks_per_lane = dims // VECTOR
-    step_scores = rows_per_thread * KEYS_PER_STEP
     scale = float32(LOG2_E / math.sqrt(head_dim))
-    scratch_shape = group_scratch_shape(threads, step_scores)
 
     @cuda.jit
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):
@@ -183,50 +248,8 @@ def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, 
             running_max[i] = -math.inf
             running_sum[i] = float32(0.0)
 
-        k_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
-        v_tile = cuda.shared.array(tile_shape, float32, alignment=SHARED_ALIGNMENT)
-        scratch = cuda.shared.array(scratch_shape, float32)
-        scores = cuda.local.array(step_scores, float32)
-        table = block_tables[seq]
-        k_words = cuda.local.array(fetched_shape, np.uint32)
-        v_words = cuda.local.array(fetched_shape, np.uint32)
-        fetch(k_flat, table, kv_head, 0, kv_end, shift, k_words)
-        fetch(v_flat, table, kv_head, 0, kv_end, shift, v_words)
-        # --8<-- [start:tile-loop]
-        for tile_start in range(0, kv_end, keys):
-            cuda.syncthreads()
-            store(k_words, k_tile)
-            store(v_words, v_tile)
-            cuda.syncthreads()
-            if tile_start + keys < kv_end:
-                fetch(k_flat, table, kv_head, tile_start + keys, kv_end, shift, k_words)
-                fetch(v_flat, table, kv_head, tile_start + keys, kv_end, shift, v_words)
-            for key in range(0, min(keys, kv_end - tile_start), KEYS_PER_STEP):
-                for i in range(rows_per_thread):
-                    for j in range(KEYS_PER_STEP):
-                        dot = float32(0.0)
-                        for d in range(dims):
-                            dot += query[i, d] * k_tile[key + j, lane, d]
-                        scores[i * KEYS_PER_STEP + j] = dot
-                lane_group_sum(scores, lanes, scratch)
-                for i in range(rows_per_thread):
-                    step_max = running_max[i]
-                    for j in range(KEYS_PER_STEP):
-                        if tile_start + key + j > position[i]:
-                            scores[i * KEYS_PER_STEP + j] = -math.inf
-                        step_max = max(step_max, scores[i * KEYS_PER_STEP + j])
-                    if step_max > running_max[i]:
-                        factor = rescale(running_max[i], step_max)
-                        running_sum[i] *= factor
-                        for d in range(dims):
-                            acc[i, d] *= factor
-                        running_max[i] = step_max
-                    for j in range(KEYS_PER_STEP):
-                        weight = math.exp2(scores[i * KEYS_PER_STEP + j] - running_max[i])
-                        running_sum[i] += weight
-                        for d in range(dims):
-                            acc[i, d] += weight * v_tile[key + j, lane, d]
-        # --8<-- [end:tile-loop]
+        fold_tiles(k_flat, v_flat, block_tables[seq], kv_head, 0, kv_end, shift, position, query, acc, running_max,
+                   running_sum, lane)  # fmt: skip
 
         for i in range(rows_per_thread):
             row = row0 + row_set + i * row_sets
