@@ -218,8 +218,9 @@ class Memory(Protocol):
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory (only where has_device_memory)."""
 
-    def decode_scratch(self, max_seqs: int, config: ModelConfig) -> Scratch:
-        """`decode_attention`'s scratch, for any batch of up to max_seqs sequences."""
+    def decode_scratch(self, max_seqs: int, config: ModelConfig, cascade: bool = False) -> Scratch:
+        """`decode_attention`'s scratch, for any batch of up to max_seqs sequences, with or
+        without shared_prefix_len as `cascade` says."""
 
     def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
         """Whether `decode_attention` over num_seqs sequences whose first shared_tokens tokens

@@ -202,12 +202,12 @@ class CudaBackend:
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, stream=self.stream
         )
 
-    def decode_scratch(self, max_seqs: int, config):
-        """Split-K's float32 partial results, sized for the whole GPU (any batch), or cascade
-        attention's for any batch of up to max_seqs sequences, whichever is larger."""
+    def decode_scratch(self, max_seqs: int, config, cascade: bool = False):
+        """Split-K's float32 partial results, sized for the whole GPU (any batch), and with
+        `cascade` cascade attention's for any batch of up to max_seqs sequences."""
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         rows, columns = attention_split.decode_workspace_shape(heads, kv_heads, head_dim, self.variants.num_sms)
-        for seqs in range(1, max_seqs + 1):
+        for seqs in range(1, max_seqs + 1 if cascade else 1):
             # the own parts are at most split-K's: the widest table gives the most
             own, shared = self.variants.cascade_partitions(seqs, kv_heads, 2**31 - 1, (heads // kv_heads, head_dim))
             rows = max(rows, attention_cascade.cascade_workspace_rows(seqs, heads, own, shared))

@@ -151,7 +151,7 @@ class NumpyBackend:
             ),
         )
 
-    def decode_scratch(self, max_seqs: int, config) -> None:
+    def decode_scratch(self, max_seqs: int, config, cascade: bool = False) -> None:
         """The NumPy decode needs no split-K scratch."""
 
     def decode_attention(

@@ -109,7 +109,7 @@ class RecordingBackend:
     def memory_info(self) -> tuple[int, int]:
         raise NotImplementedError("memory_info: the recording backend has no memory (has_device_memory is False)")
 
-    def decode_scratch(self, max_seqs: int, config: ModelConfig) -> None:
+    def decode_scratch(self, max_seqs: int, config: ModelConfig, cascade: bool = False) -> None:
         """No kernel runs: no scratch."""
 
     def sample_scratch(self, max_rows: int, vocab: int) -> None:

@@ -40,7 +40,8 @@ class ModelRunner:
         self.backend = backend
         self.limits = limits
         self.model = LlamaModel(config, weights, backend)
-        self.workspace = Workspace(backend, config, limits.max_num_batched_tokens, limits.max_num_seqs)
+        cascade = not limits.disable_cascade_attn
+        self.workspace = Workspace(backend, config, limits.max_num_batched_tokens, limits.max_num_seqs, cascade)
         self.buffers = StepBuffers(backend, limits)
         self.token_slots = TokenSlots(backend, limits.max_num_seqs, config.vocab_size, config.stop_token_ids)
         self.logprob_buffers = LogprobBuffers(backend, limits.max_num_seqs, config.vocab_size)
@@ -50,7 +51,7 @@ class ModelRunner:
         self.kv_caches: list[tuple] = []
         self.graphs: DecodeGraphs | None = None
         # Cascade attention, where the backend has it: decode reads a shared prefix once.
-        self.reads_shared_prefix = None if limits.disable_cascade_attn else backend.decode_reads_shared_prefix
+        self.reads_shared_prefix = backend.decode_reads_shared_prefix if cascade else None
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The arena, zeroed: padding rows of a graph replay read block 0 and must find numbers there."""

@@ -42,9 +42,10 @@ class LayerWeights:
 
 # --8<-- [start:workspace]
 class Workspace:
-    """The activation buffers of the largest step, allocated once."""
+    """The activation buffers of the largest step, allocated once (with `cascade`, decode
+    attention's scratch holds cascade attention's states too)."""
 
-    def __init__(self, backend: Backend, config: ModelConfig, max_tokens: int, max_sampled: int):
+    def __init__(self, backend: Backend, config: ModelConfig, max_tokens: int, max_sampled: int, cascade: bool = False):
         dtype = backend.activation_dtype
         hidden = config.hidden_size
         self.residual = backend.empty((max_tokens, hidden), dtype)
@@ -58,7 +59,7 @@ class Workspace:
         self.sampled_residual = backend.empty((max_sampled, hidden), dtype)
         self.sampled_normed = backend.empty((max_sampled, hidden), dtype)
         self.logits = backend.empty((max_sampled, config.vocab_size), np.float32)
-        self.decode_scratch = backend.decode_scratch(max_tokens, config)
+        self.decode_scratch = backend.decode_scratch(max_sampled, config, cascade)  # a decode row samples
         self.sample_scratch = backend.sample_scratch(max_sampled, config.vocab_size)
 
 
