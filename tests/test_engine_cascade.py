@@ -19,7 +19,8 @@ from tinyvllm.kernels import attention_cascade
 
 @pytest.fixture
 def cascade_calls(monkeypatch):
-    """The shared-prefix lengths' host copies are not kept: count the cascade launches."""
+    """The variant table's thresholds lowered to a tiny batch's, and the rows of each call
+    of the cascade kernels (the step's shared-prefix length stays on the device)."""
     monkeypatch.setattr(variants, "CASCADE_MIN_SEQS", 2)
     monkeypatch.setattr(variants, "CASCADE_MIN_TOKENS", 4)
     calls = []
