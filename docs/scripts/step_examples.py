@@ -39,7 +39,8 @@ def decode_kernels(smollm2: dict) -> str:
         decode_kernel_count(config, 256, context=2112, shared=2048, max_num_seqs=256, disable_cascade_attn=False)
         for config in configs.values()
     ]
-    lines.append("| 256, 2,048 of 2,112 tokens shared, cascade on | " + " | ".join(str(count) for count in counts) + " |")
+    cells = " | ".join(str(count) for count in counts)
+    lines.append(f"| 256, 2,048 of 2,112 tokens shared, cascade on | {cells} |")
     return "\n".join(lines) + "\n"
 
 
