@@ -236,9 +236,7 @@ def print_table(results: dict) -> None:
             print(f"{workload:<15}{cache:>6}{r['seconds']:9.2f}{tok_s:10.1f}{cells[0]:>10}{cells[1]:>10}{rate:>10}")
     cascade_on = results["cache_on_cascade_on"]["shared_prefix"]
     seconds, tok_s, ttft = cascade_on["seconds"], cascade_on["output_tok_per_s"], cascade_on["ttft_ms"]
-    print(
-        f"{'shared_prefix':<15}{'on, cascade':>6}{seconds:9.2f}{tok_s:10.1f}{ttft['p50']:10.1f}{ttft['p99']:10.1f}"
-    )
+    print(f"{'shared_prefix':<15}{'on, cascade':>6}{seconds:9.2f}{tok_s:10.1f}{ttft['p50']:10.1f}{ttft['p99']:10.1f}")
     for name, bar in results["bars"].items():
         print(f"{name:<40}{bar['ratio']:8.2f}x  bar {bar['bar']}x  {'met' if bar['met'] else 'NOT met'}")
 
