@@ -17,7 +17,8 @@ prefix_cache_queries, prompt tokens, over that workload), and the run the issue'
 ratios of cache on to off. The shared prefix runs a third time with the cache on and
 cascade attention on (`disable_cascade_attn=False`; the engine's default is off): what
 reading the shared prefix once for all decoding sequences is worth. `--quick` runs tiny
-sizes (with `--model tiny` and the NumPy backend it checks the script on a CPU). Results: perf/results/bench_prefix.json.
+sizes (with `--model tiny` and the NumPy backend it checks the script on a CPU).
+Results: perf/results/bench_prefix.json.
 """
 
 import argparse
