@@ -105,7 +105,7 @@ class ShapeRecorder:
         self.buffers.append((shape, np.dtype(dtype)))
         return len(self.buffers) - 1
 
-    def decode_scratch(self, max_seqs: int, config: ModelConfig) -> None:
+    def decode_scratch(self, max_seqs: int, config: ModelConfig, cascade: bool = False) -> None:
         return None
 
     def sample_scratch(self, max_rows: int, vocab: int) -> None:
