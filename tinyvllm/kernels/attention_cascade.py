@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels import attention_prefill
-from tinyvllm.kernels.attention_common import LOG2_E, block_shift
+from tinyvllm.kernels.attention_common import block_shift
 from tinyvllm.kernels.attention_decode import WORKSPACE_EXTRA, check_decode, launch_decode, partition_tokens
 from tinyvllm.kernels.attention_prefill import (
     DIMS_PER_THREAD,
@@ -50,7 +50,6 @@ from tinyvllm.kernels.attention_split import MAX_PARTITIONS, MERGE_BATCH, MERGE_
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
 
 
 def _shared_layout(head_dim: int, group: int) -> tuple[int, int, int, int, int]:
@@ -63,9 +62,7 @@ def _shared_layout(head_dim: int, group: int) -> tuple[int, int, int, int, int]:
 def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
     dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
     row_sets = rows // rows_per_thread
-    fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
-    chunks_per_lane = dims // VECTOR
-    scale = float32(LOG2_E / math.sqrt(head_dim))
+    start_row, fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
 
     @cuda.jit
     def shared_prefix(q, k_flat, v_flat, block_tables, shared_len, log2_block_size, first_slot, workspace):
@@ -94,15 +91,7 @@ def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_th
         running_sum = cuda.local.array(rows_per_thread, float32)
         for i in range(rows_per_thread):
             seq = min(row0 + row_set + i * row_sets, num_seqs - 1)
-            for c in range(chunks_per_lane):
-                words = load_words(q[seq, head], lane * dims + c * VECTOR)
-                for w in range(VECTOR // 2):
-                    query[i, c * VECTOR + 2 * w] = low_half(words[w]) * scale
-                    query[i, c * VECTOR + 2 * w + 1] = high_half(words[w]) * scale
-            for d in range(dims):
-                acc[i, d] = float32(0.0)
-            running_max[i] = -math.inf
-            running_sum[i] = float32(0.0)
+            start_row(q[seq, head], lane, i, query, acc, running_max, running_sum)
         last_key = cuda.local.array(rows_per_thread, np.int64)
         for i in range(rows_per_thread):
             last_key[i] = end - 1  # every row sees the whole part: no causal mask

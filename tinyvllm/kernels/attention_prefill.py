@@ -127,20 +127,37 @@ def tile_io(head_dim: int, threads: int, dims: int, keys: int) -> tuple[tuple[in
 
 @functools.cache
 def tile_attention(head_dim: int, group: int, threads: int, rows_per_thread: int, dims_per_thread: int, keys: int):
-    """The tile loop of flash attention for a block laid out by `prefill_layout`, as an inline
-    device function (the prefill kernel's, and the cascade kernel's over a shared prefix):
+    """Flash attention for a block laid out by `prefill_layout`, as two inline device
+    functions (the prefill kernel's, and the cascade kernel's over a shared prefix):
 
+        start_row(q_row, lane, i, query, acc, running_max, running_sum)
         fold_tiles(k_flat, v_flat, table, kv_head, start, end, shift, last_key,
                    query, acc, running_max, running_sum, lane)
 
-    folds keys [start, end) of the sequence whose block table is `table` into each of the
-    thread's query rows' online-softmax states, row i seeing keys up to last_key[i] (the
-    causal mask; past it a score is -inf)."""
+    start_row loads the thread's query row i and empties its state; fold_tiles folds keys
+    [start, end) of the sequence whose block table is `table` into each of the thread's
+    query rows' online-softmax states, row i seeing keys up to last_key[i] (the causal
+    mask; past it a score is -inf)."""
     dims, lanes, threads, _ = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
+    chunks_per_lane = dims // VECTOR
+    scale = float32(LOG2_E / math.sqrt(head_dim))
     tile_shape = (keys, lanes, dims + PAD)
     fetched_shape, fetch, store = tile_io(head_dim, threads, dims, keys)
     step_scores = rows_per_thread * KEYS_PER_STEP
     scratch_shape = group_scratch_shape(threads, step_scores)
+
+    @cuda.jit(device=True, inline=True)
+    def start_row(q_row, lane, i, query, acc, running_max, running_sum):
+        """Query row i of the thread: its lane's slice of q_row, scaled, and an empty softmax state."""
+        for c in range(chunks_per_lane):
+            words = load_words(q_row, lane * dims + c * VECTOR)
+            for w in range(VECTOR // 2):
+                query[i, c * VECTOR + 2 * w] = low_half(words[w]) * scale
+                query[i, c * VECTOR + 2 * w + 1] = high_half(words[w]) * scale
+        for d in range(dims):
+            acc[i, d] = float32(0.0)
+        running_max[i] = -math.inf
+        running_sum[i] = float32(0.0)
 
     @cuda.jit(device=True, inline=True)
     def fold_tiles(
@@ -190,16 +207,14 @@ def tile_attention(head_dim: int, group: int, threads: int, rows_per_thread: int
                             acc[i, d] += weight * v_tile[key + j, lane, d]
         # --8<-- [end:tile-loop]
 
-    return fold_tiles
+    return start_row, fold_tiles
 
 
 @functools.cache
 def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
     dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
     row_sets = rows // rows_per_thread
-    fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
-    chunks_per_lane = dims // VECTOR
-    scale = float32(LOG2_E / math.sqrt(head_dim))
+    start_row, fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
 
     @cuda.jit
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):
@@ -238,15 +253,7 @@ def _prefill_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, 
         for i in range(rows_per_thread):
             row = min(row0 + row_set + i * row_sets, num_rows - 1)
             position[i] = past + row0 + row_set + i * row_sets
-            for c in range(chunks_per_lane):
-                words = load_words(q[first_row + row, head], lane * dims + c * VECTOR)
-                for w in range(VECTOR // 2):
-                    query[i, c * VECTOR + 2 * w] = low_half(words[w]) * scale
-                    query[i, c * VECTOR + 2 * w + 1] = high_half(words[w]) * scale
-            for d in range(dims):
-                acc[i, d] = float32(0.0)
-            running_max[i] = -math.inf
-            running_sum[i] = float32(0.0)
+            start_row(q[first_row + row, head], lane, i, query, acc, running_max, running_sum)
 
         fold_tiles(k_flat, v_flat, block_tables[seq], kv_head, 0, kv_end, shift, position, query, acc, running_max,
                    running_sum, lane)  # fmt: skip
