@@ -1,0 +1,65 @@
+"""The tensor-core kernels of tests/test_mma.py as the H200 would run them, without a GPU.
+
+    PATH=$CUDA/bin:$PATH LD_LIBRARY_PATH=$CUDA/lib python -m perf.experiments.mma_sass
+
+Numba's NVVM compiles each kernel to PTX for sm_90, `ptxas -v` assembles it (registers,
+spills, shared memory), and `nvdisasm` (from the nvidia-cuda-nvdisasm wheel, if on PATH)
+prints the SASS lines that show the tensor-core path: HMMA.16816.F32.BF16 (mma.sync),
+LDSM.16.M88.4 (ldmatrix .x4), LDGSTS (cp.async) and its DEPBAR. Run it without
+NUMBA_ENABLE_CUDASIM: under the simulator `mma.py` hands out the Python stand-ins, and there
+is no PTX. It shows what the instructions compile to; only a GPU shows that they compute.
+"""
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from numba import cuda, types
+
+from tests.test_mma import mma_kernel, staged_kernel
+from tinyvllm.kernels.device.simulator import SIMULATOR
+
+COMPUTE_CAPABILITY = (9, 0)
+TILE = types.uint16[:, ::1]
+KERNELS = {
+    "mma_kernel": (mma_kernel, (TILE, TILE, types.float32[:, ::1], types.float32[:, ::1])),
+    "staged_kernel": (staged_kernel, (types.uint16[::1], types.uint16[::1], types.float32[:, ::1])),
+}
+SASS_OF_INTEREST = re.compile(r"HMMA|LDSM|LDGSTS|DEPBAR")
+PTX_OF_INTEREST = re.compile(r"mma\.sync|ldmatrix|cp\.async")
+
+
+def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
+    """(PTX, ptxas -v's report, the cubin) of one kernel."""
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
+    source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
+    source.write_text(ptx)
+    arch = f"-arch=sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"
+    report = subprocess.run(["ptxas", arch, "-v", str(source), "-o", str(cubin)], capture_output=True, text=True)
+    report.check_returncode()
+    return ptx, report.stderr, cubin
+
+
+def main() -> None:
+    if SIMULATOR:
+        raise SystemExit("run without NUMBA_ENABLE_CUDASIM: the simulator has no PTX")
+    print(subprocess.run(["ptxas", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    for name, (kernel, signature) in KERNELS.items():
+        with tempfile.TemporaryDirectory() as folder:
+            ptx, report, cubin = compile_for_sm90(kernel, signature, Path(folder))
+            print(f"\n== {name}: PTX")
+            print("\n".join(line.strip() for line in ptx.splitlines() if PTX_OF_INTEREST.search(line)))
+            print(f"== {name}: ptxas -v")
+            print("\n".join(line for line in report.splitlines() if "Used" in line or "spill" in line))
+            if shutil.which("nvdisasm") is None:
+                print("(nvdisasm not on PATH: no SASS)")
+                continue
+            sass = subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+            print(f"== {name}: SASS")
+            print("\n".join(line.strip() for line in sass.splitlines() if SASS_OF_INTEREST.search(line)))
+
+
+if __name__ == "__main__":
+    main()

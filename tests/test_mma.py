@@ -1,0 +1,131 @@
+"""The tensor-core primitives of `tinyvllm/kernels/device/mma.py`, one warp at a time.
+
+`mma_kernel` gathers the A[16, 16] and B[16, 8] fragments from global memory by the
+documented layout, one mma, and scatters D[16, 8]: a wrong lane-to-element map shows as a
+wrong product. `staged_kernel` copies A[16, 16] and B^T[16, 16] (two n8 tiles, stored [n, k]
+as weights are) into shared memory with `cp_async_16`, loads the fragments with
+`ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B. Under the simulator these test the
+layouts and the stand-ins; on a GPU, the PTX and the tensor cores (the SASS check is GPU-only
+here; perf/experiments/mma_sass.py shows it offline). The expected product is float64 on
+bf16-exact inputs; the tensor core's float32 accumulation is what the tolerance allows.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from tests.helpers import SIMULATOR, poisoned, random_bf16, widen
+from tinyvllm.kernels.device.mma import (
+    MMA_PTX,
+    cp_async_16,
+    cp_async_commit,
+    cp_async_wait,
+    ldmatrix_x4,
+    mma_bf16_16816,
+)
+
+TOLERANCE = 1e-5
+"""Sixteen bf16 products are exact in float32; only the float32 sums round."""
+
+
+@cuda.jit(device=True, inline=True)
+def pair(low, high):
+    """Two bf16 bits -> one register, the first in the low half."""
+    return np.uint32(np.uint32(low) | np.uint32(np.uint32(high) << np.uint32(16)))
+
+
+# --8<-- [start:mma-kernel]
+@cuda.jit
+def mma_kernel(a, b, c, d):
+    lane = cuda.threadIdx.x
+    g, t = lane // 4, lane % 4
+    a0 = pair(a[g, 2 * t], a[g, 2 * t + 1])
+    a1 = pair(a[g + 8, 2 * t], a[g + 8, 2 * t + 1])
+    a2 = pair(a[g, 2 * t + 8], a[g, 2 * t + 9])
+    a3 = pair(a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9])
+    b0 = pair(b[2 * t, g], b[2 * t + 1, g])
+    b1 = pair(b[2 * t + 8, g], b[2 * t + 9, g])
+    d0, d1, d2, d3 = mma_bf16_16816(
+        a0, a1, a2, a3, b0, b1, c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]
+    )
+    d[g, 2 * t] = d0
+    d[g, 2 * t + 1] = d1
+    d[g + 8, 2 * t] = d2
+    d[g + 8, 2 * t + 1] = d3
+
+
+# --8<-- [end:mma-kernel]
+
+
+@cuda.jit
+def staged_kernel(a, bt, d):
+    """a, bt: 16x16 tiles flattened row-major (cp.async takes 1-D rows)."""
+    lane = cuda.threadIdx.x
+    a_tile = cuda.shared.array(256, np.uint16)
+    bt_tile = cuda.shared.array(256, np.uint16)
+    # one 16-byte chunk of each 16x16 tile a lane: row lane // 2, columns 8 * (lane % 2)
+    row, column = lane // 2, 8 * (lane % 2)
+    cp_async_16(a_tile, 16 * row + column, a, 16 * row + column)
+    cp_async_16(bt_tile, 16 * row + column, bt, 16 * row + column)
+    cp_async_commit()
+    cp_async_wait(0)
+    cuda.syncthreads()
+    # lanes 8j .. 8j + 7 name the rows of 8x8 matrix j
+    matrix, r = lane // 8, lane % 8
+    a0, a1, a2, a3 = ldmatrix_x4(a_tile, 16 * (r + 8 * (matrix % 2)) + 8 * (matrix // 2))
+    b00, b01, b10, b11 = ldmatrix_x4(bt_tile, 16 * (r + 8 * (matrix // 2)) + 8 * (matrix % 2))
+    g, t = lane // 4, lane % 4
+    zero = np.float32(0.0)
+    for tile in range(2):
+        b0, b1 = (b00, b01) if tile == 0 else (b10, b11)
+        d0, d1, d2, d3 = mma_bf16_16816(a0, a1, a2, a3, b0, b1, zero, zero, zero, zero)
+        n = 8 * tile + 2 * t
+        d[g, n] = d0
+        d[g, n + 1] = d1
+        d[g + 8, n] = d2
+        d[g + 8, n + 1] = d3
+
+
+def assert_close(actual, expected):
+    assert np.all(np.isfinite(actual)), "unwritten output (NaN poison) left"
+    np.testing.assert_allclose(actual, expected, rtol=TOLERANCE, atol=TOLERANCE * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mma_fragment_layout(seed):
+    rng = np.random.default_rng(seed)
+    a, b = random_bf16(rng, (16, 16)), random_bf16(rng, (16, 8))
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    d = poisoned((16, 8), np.float32)
+    mma_kernel[1, 32](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
+    assert_close(d.copy_to_host(), widen(a) @ widen(b) + c.astype(np.float64))
+
+
+def test_cp_async_ldmatrix_mma():
+    rng = np.random.default_rng(2)
+    a, bt = random_bf16(rng, (16, 16)), random_bf16(rng, (16, 16))
+    d = poisoned((16, 16), np.float32)
+    staged_kernel[1, 32](cuda.to_device(a.ravel()), cuda.to_device(bt.ravel()), d)
+    assert_close(d.copy_to_host(), widen(a) @ widen(bt).T)
+
+
+def test_mma_identity_is_exact():
+    """A = I: D is B's columns spread over the C/D layout, with no rounding anywhere."""
+    rng = np.random.default_rng(3)
+    identity = np.zeros((16, 16), np.uint16)
+    identity[np.arange(16), np.arange(16)] = 0x3F80  # bf16 1.0
+    b = random_bf16(rng, (16, 8))
+    d = poisoned((16, 8), np.float32)
+    mma_kernel[1, 32](cuda.to_device(identity), cuda.to_device(b), cuda.to_device(np.zeros((16, 8), np.float32)), d)
+    np.testing.assert_array_equal(d.copy_to_host(), widen(b).astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_kernels_run_on_tensor_cores():
+    """On a GPU the SASS holds the tensor-core instruction, LDSM and LDGSTS (cp.async)."""
+    assert not SIMULATOR
+    a = cuda.to_device(np.zeros(256, np.uint16))
+    d = cuda.device_array((16, 16), np.float32)
+    staged_kernel[1, 32](a, a, d)
+    sass = next(iter(staged_kernel.inspect_sass().values()))
+    assert "HMMA.16816.F32.BF16" in sass and "LDSM" in sass and "LDGSTS" in sass, MMA_PTX
