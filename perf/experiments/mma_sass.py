@@ -1,4 +1,4 @@
-"""The tensor-core kernels of tests/test_mma.py as the H200 would run them, without a GPU.
+"""The tensor-core kernels (tests/test_mma.py, mma_gemm.py) as the H200 would run them, without a GPU.
 
     PATH=$CUDA/bin:$PATH LD_LIBRARY_PATH=$CUDA/lib python -m perf.experiments.mma_sass
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from numba import cuda, types
 
+from perf.experiments.mma_gemm import mma_gemm_kernel
 from tests.test_mma import mma_kernel, staged_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
 
@@ -26,6 +27,7 @@ TILE = types.uint16[:, ::1]
 KERNELS = {
     "mma_kernel": (mma_kernel, (TILE, TILE, types.float32[:, ::1], types.float32[:, ::1])),
     "staged_kernel": (staged_kernel, (types.uint16[::1], types.uint16[::1], types.float32[:, ::1])),
+    "mma_gemm_kernel": (mma_gemm_kernel, (TILE, TILE, types.float32[:, ::1])),
 }
 SASS_OF_INTEREST = re.compile(r"HMMA|LDSM|LDGSTS|DEPBAR")
 PTX_OF_INTEREST = re.compile(r"mma\.sync|ldmatrix|cp\.async")

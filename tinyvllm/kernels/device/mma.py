@@ -203,30 +203,22 @@ def _warp_swap(value):
     return lane, exchange.swap(lane, value)
 
 
-def _bf16_pair(word):
-    """A uint32 of two bf16 -> (low, high) as float64."""
-    word = int(word)
-    low = np.array([(word & 0xFFFF) << 16], np.uint32).view(np.float32)[0]
-    high = np.array([word & 0xFFFF0000], np.uint32).view(np.float32)[0]
-    return float(low), float(high)
-
-
 def _simulated_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     lane, fragments = _warp_swap((a0, a1, a2, a3, b0, b1))
-    g, t = divmod(lane, 4)
+    words = np.array(fragments, np.uint32)  # [lane, register]
+    low = (words << 16).view(np.float32).astype(np.float64)
+    high = (words & 0xFFFF0000).view(np.float32).astype(np.float64)
+    g, t2 = np.arange(WARP) // 4, 2 * (np.arange(WARP) % 4)
     a = np.zeros((MMA_M, MMA_K))
     b = np.zeros((MMA_K, MMA_N))
-    for other, (w0, w1, w2, w3, v0, v1) in enumerate(fragments):
-        og, ot = divmod(other, 4)
-        a[og, 2 * ot : 2 * ot + 2] = _bf16_pair(w0)
-        a[og + 8, 2 * ot : 2 * ot + 2] = _bf16_pair(w1)
-        a[og, 2 * ot + 8 : 2 * ot + 10] = _bf16_pair(w2)
-        a[og + 8, 2 * ot + 8 : 2 * ot + 10] = _bf16_pair(w3)
-        b[2 * ot : 2 * ot + 2, og] = _bf16_pair(v0)
-        b[2 * ot + 8 : 2 * ot + 10, og] = _bf16_pair(v1)
-    rows, cols = (g, g, g + 8, g + 8), (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
+    for register, (row, column) in enumerate(((g, t2), (g + 8, t2), (g, t2 + 8), (g + 8, t2 + 8))):
+        a[row, column], a[row, column + 1] = low[:, register], high[:, register]
+    for register, k in enumerate((t2, t2 + 8)):
+        b[k, g], b[k + 1, g] = low[:, 4 + register], high[:, 4 + register]
+    g, t = divmod(lane, 4)
+    rows, columns = (g, g, g + 8, g + 8), (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
     c = (c0, c1, c2, c3)
-    return tuple(np.float32(a[r] @ b[:, n] + float(c[k])) for k, (r, n) in enumerate(zip(rows, cols, strict=True)))
+    return tuple(np.float32(a[r] @ b[:, n] + float(c[k])) for k, (r, n) in enumerate(zip(rows, columns, strict=True)))
 
 
 def _simulated_ldmatrix_x4(shared, offset):
