@@ -5,10 +5,12 @@ documented layout, one mma, and scatters D[16, 8]: a wrong lane-to-element map s
 wrong product. `staged_kernel` copies A[16, 16] and B^T[16, 16] (two n8 tiles, stored [n, k]
 as weights are) into shared memory with `cp_async_16`, loads the fragments with
 `ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B. Under the simulator these test the
-layouts and the stand-ins; on a GPU, the PTX and the tensor cores (the SASS check is GPU-only
-here; perf/experiments/mma_sass.py shows it offline). The expected product is float64 on
+layouts and the stand-ins; on a GPU, the PTX and the tensor cores (the PTX and SASS checks are
+GPU-only here; perf/experiments/mma_sass.py shows both offline). The expected product is float64 on
 bf16-exact inputs; the tensor core's float32 accumulation is what the tolerance allows.
 """
+
+import shutil
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from tinyvllm.kernels.device.mma import (
     ldmatrix_x4,
     mma_bf16_16816,
 )
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 
 TOLERANCE = 1e-5
 """Sixteen bf16 products are exact in float32; only the float32 sums round."""
@@ -61,8 +64,8 @@ def mma_kernel(a, b, c, d):
 def staged_kernel(a, bt, d):
     """a, bt: 16x16 tiles flattened row-major (cp.async takes 1-D rows)."""
     lane = cuda.threadIdx.x
-    a_tile = cuda.shared.array(256, np.uint16)
-    bt_tile = cuda.shared.array(256, np.uint16)
+    a_tile = cuda.shared.array(256, np.uint16, alignment=SHARED_ALIGNMENT)
+    bt_tile = cuda.shared.array(256, np.uint16, alignment=SHARED_ALIGNMENT)
     # one 16-byte chunk of each 16x16 tile a lane: row lane // 2, columns 8 * (lane % 2)
     row, column = lane // 2, 8 * (lane % 2)
     cp_async_16(a_tile, 16 * row + column, a, 16 * row + column)
@@ -120,12 +123,33 @@ def test_mma_identity_is_exact():
     np.testing.assert_array_equal(d.copy_to_host(), widen(b).astype(np.float32))
 
 
-@pytest.mark.gpu
-def test_kernels_run_on_tensor_cores():
-    """On a GPU the SASS holds the tensor-core instruction, LDSM and LDGSTS (cp.async)."""
-    assert not SIMULATOR
+@cuda.jit
+def misaligned_ldmatrix_kernel(d):
+    tile = cuda.shared.array(256, np.uint16, alignment=SHARED_ALIGNMENT)
+    d[cuda.threadIdx.x] = ldmatrix_x4(tile, 4)[0]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="on a GPU a misaligned ldmatrix faults instead")
+def test_stand_in_refuses_misaligned_rows():
+    with pytest.raises(ValueError, match="16 bytes"):
+        misaligned_ldmatrix_kernel[1, 32](cuda.device_array(32, np.uint32))
+
+
+def compile_staged_kernel():
     a = cuda.to_device(np.zeros(256, np.uint16))
-    d = cuda.device_array((16, 16), np.float32)
-    staged_kernel[1, 32](a, a, d)
+    staged_kernel[1, 32](a, a, cuda.device_array((16, 16), np.float32))
+
+
+@pytest.mark.gpu
+def test_ptx_holds_the_instructions():
+    compile_staged_kernel()
+    ptx = next(iter(staged_kernel.inspect_asm().values()))
+    assert MMA_PTX in ptx and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "cp.async.cg" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvdisasm") is None, reason="inspect_sass needs nvdisasm")
+def test_sass_runs_on_tensor_cores():
+    compile_staged_kernel()
     sass = next(iter(staged_kernel.inspect_sass().values()))
-    assert "HMMA.16816.F32.BF16" in sass and "LDSM" in sass and "LDGSTS" in sass, MMA_PTX
+    assert "HMMA.16816.F32.BF16" in sass and "LDSM.16.M88.4" in sass and "LDGSTS" in sass

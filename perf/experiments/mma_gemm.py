@@ -30,6 +30,7 @@ from numba import cuda, float32
 
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.mma import cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import check_rows_of_eight
 
 TILE = 64
@@ -69,8 +70,8 @@ def mma_gemm_kernel(a, b, c):
     warp, lane = tid // 32, tid % 32
     block_m, block_n = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
     warp_m, warp_n = WARP_TILE * (warp // 2), WARP_TILE * (warp % 2)
-    a_tile = cuda.shared.array(SHARED_TILE, np.uint16)
-    b_tile = cuda.shared.array(SHARED_TILE, np.uint16)
+    a_tile = cuda.shared.array(SHARED_TILE, np.uint16, alignment=SHARED_ALIGNMENT)
+    b_tile = cuda.shared.array(SHARED_TILE, np.uint16, alignment=SHARED_ALIGNMENT)
     accumulators = cuda.local.array((2, 4, 4), float32)
     for mi in range(2):
         for ni in range(4):

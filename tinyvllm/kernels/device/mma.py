@@ -37,6 +37,11 @@ llvmlite `ir.InlineAsm` call puts any PTX instruction in the kernel (numba-cuda'
     thread's committed groups pending. Other threads see the data after the wait and a
     `syncthreads`. Both offsets are multiples of 8 elements (16-byte aligned).
 
+Alignment: every row address of ldmatrix and both addresses of cp.async are 16-byte
+aligned, so offsets are multiples of 8 and the shared arrays are declared with
+`alignment=SHARED_ALIGNMENT` (Numba aligns a uint16 shared array to 2 bytes otherwise); the
+stand-ins refuse offsets that are not multiples of 8.
+
 Shared addresses: Numba hands a shared array's data as a generic pointer; an LLVM
 `addrspacecast` to address space 3 (which NVPTX emits as `cvta.to.shared`) and a 32-bit
 `ptrtoint` give the `.shared` address these instructions take.
@@ -196,6 +201,8 @@ def _warp_swap(value):
     """`_WarpExchange.swap` for the calling simulated thread's warp; returns (lane, values)."""
     thread = threading.current_thread()
     manager = thread._manager  # the simulator's BlockManager: one per block of a launch
+    if np.prod(manager._block_dim) % WARP != 0:
+        raise ValueError(f"block {manager._block_dim}: warp-collective instructions need whole warps")
     warp, lane = divmod(thread.thread_id, WARP)
     with _exchanges_lock:
         warps = _exchanges.setdefault(manager, {})
@@ -221,7 +228,13 @@ def _simulated_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return tuple(np.float32(a[r] @ b[:, n] + float(c[k])) for k, (r, n) in enumerate(zip(rows, columns, strict=True)))
 
 
+def _check_row_start(offset):
+    if offset % 8 != 0:
+        raise ValueError(f"offset {offset}: ldmatrix rows and cp.async chunks start on 16 bytes (8 bf16)")
+
+
 def _simulated_ldmatrix_x4(shared, offset):
+    _check_row_start(offset)
     lane, offsets = _warp_swap(int(offset))
     g, t = divmod(lane, 4)
     words = []
@@ -232,6 +245,8 @@ def _simulated_ldmatrix_x4(shared, offset):
 
 
 def _simulated_cp_async_16(shared, shared_offset, row, row_offset):
+    _check_row_start(shared_offset)
+    _check_row_start(row_offset)
     for k in range(8):
         shared[shared_offset + k] = row[row_offset + k]
 
