@@ -43,8 +43,9 @@ aligned, so offsets are multiples of 8 and the shared arrays are declared with
 stand-ins refuse offsets that are not multiples of 8.
 
 Shared addresses: Numba hands a shared array's data as a generic pointer; an LLVM
-`addrspacecast` to address space 3 (which NVPTX emits as `cvta.to.shared`) and a 32-bit
-`ptrtoint` give the `.shared` address these instructions take.
+`addrspacecast` to address space 3 and a 32-bit `ptrtoint` give the `.shared` address these
+instructions take (NVPTX emits `cvta.to.shared`, or, for an array it knows is a shared
+symbol, as in the kernels so far, the symbol's address itself).
 
 Under the simulator there is no PTX, and each CUDA thread is a Python thread. The stand-ins
 (chosen once at import, `simulator.py` lists them) are plain Python with the same fragment
@@ -54,10 +55,10 @@ registers (or its row offset), waits for the warp, reads what the hardware would
 it, and waits again so the slots are not overwritten before all have read. The simulator has
 no `syncwarp` and its `syncthreads` would tie the whole block; the barrier ties only the
 warp, as `.sync.aligned` does. The mma stand-in sums the 16 products of each element in
-float64 and rounds once to float32; the tensor core accumulates in float32 in its own order,
-so results agree to float32 rounding, not bit for bit. `cp_async_16` copies at once and the
-commit and wait do nothing. Every lane of a warp must make the same calls (as on the GPU),
-and a block is a whole number of warps.
+float64 and rounds once to float32; the tensor core accumulates in float32 with an order and
+rounding PTX does not specify, so results agree to float32 rounding, not bit for bit.
+`cp_async_16` copies at once and the commit and wait do nothing. Every lane of a warp must
+make the same calls (as on the GPU), and a block is a whole number of warps.
 """
 
 import threading
@@ -106,9 +107,11 @@ def _ptx_instructions():
     # --8<-- [start:mma]
     @intrinsic
     def mma_bf16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        accumulators = (c0, c1, c2, c3)
         if not all(isinstance(r, types.Integer) for r in (a0, a1, a2, a3, b0, b1)):
             return None
-        accumulators = (c0, c1, c2, c3)
+        if not all(isinstance(c, types.Float) for c in accumulators):
+            return None
 
         def codegen(context, builder, sig, args):
             words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6], strict=True)]
