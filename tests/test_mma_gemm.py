@@ -16,8 +16,7 @@ from tests.helpers import poisoned, random_bf16, widen
 TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(64, 64, 16), (128, 64, 48), (64, 128, 32)])
-def test_mma_gemm_matches_numpy(m, n, k):
+def check_against_numpy(m, n, k):
     rng = np.random.default_rng(m + n + k)
     a, b = random_bf16(rng, (m, k)), random_bf16(rng, (n, k))
     c = poisoned((m, n), np.float32)
@@ -25,6 +24,17 @@ def test_mma_gemm_matches_numpy(m, n, k):
     actual, expected = c.copy_to_host(), widen(a) @ widen(b).T
     assert np.all(np.isfinite(actual)), "unwritten output (NaN poison) left"
     np.testing.assert_allclose(actual, expected, rtol=TOLERANCE, atol=TOLERANCE * np.abs(expected).max())
+
+
+@pytest.mark.gpu
+def test_mma_gemm_at_a_model_shape():
+    """Llama 3.2 1B's o projection at a 512-token prefill: 8 x 32 blocks, 128 K steps."""
+    check_against_numpy(512, 2048, 2048)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(64, 64, 16), (128, 64, 48), (64, 128, 32)])
+def test_mma_gemm_matches_numpy(m, n, k):
+    check_against_numpy(m, n, k)
 
 
 def test_mma_gemm_refuses_ragged_shapes():
