@@ -4,10 +4,14 @@
 documented layout, one mma, and scatters D[16, 8]: a wrong lane-to-element map shows as a
 wrong product. `staged_kernel` copies A[16, 16] and B^T[16, 16] (two n8 tiles, stored [n, k]
 as weights are) into shared memory with `cp_async_16`, loads the fragments with
-`ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B. Under the simulator these test the
-layouts and the stand-ins; on a GPU, the PTX and the tensor cores (the PTX and SASS checks are
-GPU-only here; perf/experiments/mma_sass.py shows both offline). The expected product is float64 on
-bf16-exact inputs; the tensor core's float32 accumulation is what the tolerance allows.
+`ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B.
+
+Under the simulator these show that the test kernels and mma.py's stand-ins agree on the
+layout documented there (both read from the PTX ISA; a misreading shared by both would pass).
+On a GPU the same tests put that layout against the tensor cores, and the GPU-only cases below
+look for the instructions in the PTX and SASS (tests/test_mma_compile.py and
+perf/experiments/mma_sass.py do that offline). The expected product is float64 on bf16-exact
+inputs; the tensor core's float32 accumulation is what the tolerance allows.
 """
 
 import shutil
