@@ -123,3 +123,25 @@ def mma_gemm(a, b, c) -> None:
     if m % TILE or n % TILE or k % K_STEP:
         raise ValueError(f"mma_gemm: M={m}, N={n} must be multiples of {TILE}, K={k} of {K_STEP}")
     mma_gemm_kernel[(n // TILE, m // TILE), THREADS](a, b, c)
+
+
+def main() -> None:
+    """Time the prototype against cuBLAS (CuPy) at 4096^3 and print TFLOP/s (GPU only)."""
+    import cupy
+
+    from perf.timing import median_ms, random_bf16
+
+    m = n = k = 4096
+    a, b = random_bf16(m, k), random_bf16(n, k)
+    c = cuda.device_array((m, n), np.float32)
+    flops = 2 * m * n * k
+    tiled = median_ms(lambda: mma_gemm(a, b, c), repeats=20)
+    a16 = cupy.asarray(a).view(cupy.float16)  # cuBLAS on the same bits as fp16: the same FLOPs
+    b16 = cupy.asarray(b).view(cupy.float16)
+    cublas = median_ms(lambda: cupy.matmul(a16, b16.T), repeats=20)
+    print(f"4096^3: mma prototype {tiled:.3f} ms = {flops / tiled / 1e9:.0f} TFLOP/s; "
+          f"cuBLAS fp16 {cublas:.3f} ms = {flops / cublas / 1e9:.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
