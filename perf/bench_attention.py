@@ -34,7 +34,7 @@ from numba import config, cuda
 from perf.attention_naive import naive_attention, naive_scratch_shape
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.backends.variants import decode_partitions, decode_shape
-from tinyvllm.kernels import attention_decode, attention_prefill
+from tinyvllm.kernels import attention_decode, attention_tiles
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.attention_split import (
@@ -51,8 +51,8 @@ DECODE_BATCHES = (1, 64, 256)
 DECODE_CONTEXTS = (128, 512, 2048, 8192)
 PREFILLS = ((1, 4096, 0), (16, 1024, 0), (4, 512, 1536))
 """(sequences, new tokens each, cached tokens before them)."""
-PREFILL_SWEEP = ((4, 16, 128), (2, 16, 128), (2, 32, 128), (8, 8, 128), (1, 64, 128), (4, 16, 256))
-"""(ROWS_PER_THREAD, DIMS_PER_THREAD, PREFILL_THREADS) variants; the first is the default."""
+PREFILL_SWEEP = ((4, 64), (8, 64), (4, 32), (2, 64))
+"""(attention_tiles.WARPS, attention_tiles.MAX_KEYS) variants; the first is the default."""
 DECODE_SWEEP = ((128, 4), (128, 2), (64, 4), (256, 4), (256, 2))
 """(DECODE_THREADS, TOKENS_PER_STEP) variants; the first is the default."""
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_attention.json"
@@ -170,17 +170,11 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
 
 def sweep(cache: Cache, repeats: int) -> list[dict]:
     rows = []
-    for rows_per_thread, dims_per_thread, threads in PREFILL_SWEEP:
-        attention_prefill.ROWS_PER_THREAD = rows_per_thread
-        attention_prefill.DIMS_PER_THREAD = dims_per_thread
-        attention_prefill.PREFILL_THREADS = threads
+    for warps, keys in PREFILL_SWEEP:
+        attention_tiles.WARPS, attention_tiles.MAX_KEYS = warps, keys
         row = prefill_case(cache, 1, 4096, 0, repeats, with_naive=False)
-        rows.append(
-            {"kernel": "prefill", "variant": f"rows {rows_per_thread} dims {dims_per_thread} threads {threads}"} | row
-        )
-    attention_prefill.ROWS_PER_THREAD, attention_prefill.DIMS_PER_THREAD, attention_prefill.PREFILL_THREADS = (
-        PREFILL_SWEEP[0]
-    )
+        rows.append({"kernel": "prefill", "variant": f"warps {warps} keys {keys}"} | row)
+    attention_tiles.WARPS, attention_tiles.MAX_KEYS = PREFILL_SWEEP[0]
     for threads, tokens_per_step in DECODE_SWEEP:
         attention_decode.DECODE_THREADS = threads
         attention_decode.TOKENS_PER_STEP = tokens_per_step

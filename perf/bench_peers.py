@@ -1,6 +1,6 @@
 """vLLM measured beside tinyvllm: the same weights, the same workloads, one GPU run.
 
-    python -m perf.bench_peers [--models llama-1b smollm2] [--vllm-site DIR] [--no-vllm] [--quick]
+    python -m perf.bench_peers [--models llama-1b smollm2] [--workloads W ...] [--vllm-site DIR] [--no-vllm] [--quick]
 
 Workloads, token ids in, EOS ignored, greedy (tinyvllm.benchmark, perf/bench_prefix.py):
 - decode: batch 1, prompt 128, 256 new tokens; decode tok/s without the prefill;
@@ -122,8 +122,8 @@ def measure(llm, workload: str, vocab: int, scale: Scale) -> dict:
     return {**result, "prefix_len": scale.prefix.prefix_len, "suffix_len": scale.prefix.suffix_len}
 
 
-def child(engine: str, model: str, out: Path, scale: Scale) -> None:
-    """Run one engine's workloads on one model and write {"settings", "results"} to out."""
+def child(engine: str, model: str, out: Path, scale: Scale, workloads: tuple[str, ...]) -> None:
+    """Run one engine's `workloads` on one model and write {"settings", "results"} to out."""
     from tinyvllm.model.config import ModelConfig
 
     directory = model_dir(model)
@@ -134,13 +134,13 @@ def child(engine: str, model: str, out: Path, scale: Scale) -> None:
     else:
         llm, settings = tinyvllm_engine(directory, "numpy" if scale is TINY else "auto")
     results = {}
-    for workload in WORKLOADS[model]:
+    for workload in workloads:
         print(f"{engine} {model}: {workload}", file=sys.stderr, flush=True)
         results[workload] = measure(llm, workload, vocab, scale)
     out.write_text(json.dumps({"settings": settings, "results": results}))
 
 
-def run_child(engine: str, model: str, vllm_site: Path | None, quick: bool) -> dict:
+def run_child(engine: str, model: str, vllm_site: Path | None, quick: bool, workloads: tuple[str, ...]) -> dict:
     """One child's JSON, or its exit status and the tail of what it printed."""
     env = dict(os.environ)
     if engine == "vllm":
@@ -151,6 +151,7 @@ def run_child(engine: str, model: str, vllm_site: Path | None, quick: bool) -> d
         out = Path(scratch) / "result.json"
         command = [sys.executable, "-m", "perf.bench_peers", "--child", engine, model, str(out)]
         command += ["--quick"] if quick else []
+        command += ["--workloads", *workloads]
         done = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
         sys.stderr.write(done.stderr[-4000:])
         if done.returncode != 0 or not out.exists():
@@ -177,7 +178,7 @@ def ratios(runs: dict) -> dict:
 def print_table(runs: dict) -> None:
     print(f"{'model':<10}{'workload':<15}{'unit':<15}{'vLLM':>11}{'tinyvllm':>11}{'ratio':>8}")
     for model, engines in runs.items():
-        for workload in WORKLOADS[model]:
+        for workload in (w for w in WORKLOADS[model] if any(headline(engines, e, w) for e in ENGINES)):
             figures = [headline(engines, engine, workload) for engine in ENGINES]
             cells = ["-" if f is None else f"{f:.1f}" for f in figures]
             ratio = f"{figures[1] / figures[0]:.2f}x" if all(figures) else "-"
@@ -190,19 +191,24 @@ def main() -> None:
     parser.add_argument("--vllm-site", type=Path, help="a directory to put first on vLLM's PYTHONPATH")
     parser.add_argument("--no-vllm", action="store_true", help="tinyvllm only (checks the script)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the script on a CPU")
+    parser.add_argument("--workloads", nargs="+", choices=list(FIGURE), help="only these (default: each model's all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    def chosen(model: str) -> tuple[str, ...]:
+        return tuple(w for w in WORKLOADS[model] if not args.workloads or w in args.workloads)
+
     if args.child:
         engine, model, out = args.child
-        child(engine, model, Path(out), TINY if args.quick else Scale())
+        child(engine, model, Path(out), TINY if args.quick else Scale(), chosen(model))
         return
     engines = [e for e in ENGINES if not (args.no_vllm and e == "vllm")]
     header = run_header("cuda" if has_cuda_gpu() else "numpy", " ".join(sys.orig_argv))
     runs: dict = {}
     for model in args.models:
         for engine in engines:
-            runs.setdefault(model, {})[engine] = run_child(engine, model, args.vllm_site, args.quick)
+            runs.setdefault(model, {})[engine] = run_child(engine, model, args.vllm_site, args.quick, chosen(model))
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**header, "runs": runs, "tinyvllm_over_vllm": ratios(runs)}, indent=2))
     print_table(runs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import BF16_NAN, SIMULATOR, random_bf16, widen
-from tinyvllm.kernels import attention_decode, attention_prefill, reference
+from tinyvllm.kernels import attention_decode, attention_tiles, reference
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -21,8 +21,8 @@ def small_blocks():
     per CUDA thread, and small blocks keep it quick."""
     with pytest.MonkeyPatch.context() as patch:
         if SIMULATOR:
-            patch.setattr(attention_prefill, "PREFILL_THREADS", 8)
-            patch.setattr(attention_prefill, "TILE_FLOATS", 64)
+            patch.setattr(attention_tiles, "WARPS", 1)
+            patch.setattr(attention_tiles, "MAX_KEYS", 16)
             patch.setattr(attention_decode, "DECODE_THREADS", 16)
         yield
 

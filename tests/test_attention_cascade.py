@@ -9,18 +9,17 @@ from numba import cuda
 
 from tests.attention_batch import shared_prefix_batch, small_blocks  # noqa: F401 (the autouse fixture)
 from tests.helpers import BF16_TOLERANCE, pick, poisoned, random_bf16, relative_error, widen
-from tinyvllm.kernels import attention_prefill, reference
+from tinyvllm.kernels import attention_tiles, reference
 from tinyvllm.kernels.attention_cascade import (
     cascade_decode_attention,
     cascade_shared_partitions,
     cascade_workspace_rows,
 )
-from tinyvllm.kernels.attention_prefill import DIMS_PER_THREAD, ROWS_PER_THREAD, prefill_layout
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS, split_decode_attention
 from tinyvllm.kernels.reference import to_bf16
 
-PREFILL_THREADS = attention_prefill.PREFILL_THREADS
-"""The GPU's block size of the shared kernel, before the fixture below shrinks it."""
+WARPS = attention_tiles.WARPS
+"""The GPU's warps a block of the shared kernel, before the fixture below shrinks it."""
 
 
 MAX_SHARED_BLOCKS = pick(3, 160)
@@ -41,7 +40,7 @@ def cascade_batches(draw, max_shared_blocks=MAX_SHARED_BLOCKS):
         shared_blocks=shared_blocks,
         num_kv_heads=draw(st.sampled_from(pick((1, 2), (1, 2, 8)))),
         group=draw(st.sampled_from((1, 3, 4, 8))),
-        head_dim=draw(st.sampled_from(pick((8, 16, 32), (64, 128)))),
+        head_dim=draw(st.sampled_from(pick((16, 32), (64, 128)))),
         block_size=block_size,
         extra_blocks=draw(st.integers(0, 2)),
     )
@@ -130,19 +129,18 @@ def test_padding_rows_beside_real_rows(shared_blocks):
 def test_shared_partitions_fill_the_grid(num_seqs, num_kv_heads, group, head_dim, num_sms):
     max_grid = BLOCKS_PER_SM * num_sms
     partitions = cascade_shared_partitions(num_seqs, num_kv_heads, group, head_dim, max_grid)
-    rows = prefill_layout(head_dim, group, attention_prefill.PREFILL_THREADS, ROWS_PER_THREAD, DIMS_PER_THREAD)[3]
-    blocks = -(-num_seqs // rows) * num_kv_heads
+    blocks = -(-num_seqs // (attention_tiles.block_rows() // group)) * num_kv_heads
     assert 1 <= partitions <= MAX_PARTITIONS
     assert partitions == 1 or blocks * partitions <= max_grid
     assert partitions == MAX_PARTITIONS or blocks * (partitions + 1) > max_grid
 
 
 def test_shared_partitions_on_the_h200():
-    """Llama 3.2 1B (32 q, 8 kv heads, D 64) at batch 256: 32 sequences a block, 64 blocks a
-    part, 8 parts fill the 528 blocks the H200 holds."""
+    """Llama 3.2 1B (32 q, 8 kv heads, D 64) at batch 256: 16 sequences a block, 128 blocks a
+    part, 4 parts fill the 528 blocks the H200 holds."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention_prefill, "PREFILL_THREADS", PREFILL_THREADS)
-        assert cascade_shared_partitions(256, 8, 4, 64, BLOCKS_PER_SM * 132) == 8
+        patch.setattr(attention_tiles, "WARPS", WARPS)
+        assert cascade_shared_partitions(256, 8, 4, 64, BLOCKS_PER_SM * 132) == 4
         assert cascade_shared_partitions(1, 8, 4, 64, BLOCKS_PER_SM * 132) == MAX_PARTITIONS
 
 

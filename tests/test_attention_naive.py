@@ -18,7 +18,7 @@ from tests.helpers import (
     relative_error,
     widen,
 )
-from tinyvllm.kernels import attention_prefill, reference
+from tinyvllm.kernels import attention_tiles, reference
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 
@@ -28,8 +28,8 @@ def small_blocks():
     with pytest.MonkeyPatch.context() as patch:
         if SIMULATOR:
             patch.setattr(attention_naive, "THREADS", 8)
-            patch.setattr(attention_prefill, "PREFILL_THREADS", 8)
-            patch.setattr(attention_prefill, "TILE_FLOATS", 64)
+            patch.setattr(attention_tiles, "WARPS", 1)
+            patch.setattr(attention_tiles, "MAX_KEYS", 16)
         yield
 
 

@@ -15,12 +15,12 @@ from tests.helpers import (
     relative_error,
     widen,
 )
-from tinyvllm.kernels import attention_prefill
+from tinyvllm.kernels import attention_tiles
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.reference import to_bf16
 
-HEAD_DIMS = pick((8, 16, 32), (64, 128))
+HEAD_DIMS = pick((16, 32), (64, 128))
 MAX_QUERY = pick(12, 300)
 MAX_CACHED = pick(12, 600)
 """On the GPU the float64 reference (NumPy einsum) is the slow part: ~1 s at 300 x 900."""
@@ -90,15 +90,15 @@ def test_model_head_dims(head_dim):
     assert relative_error(run_prefill(batch, 1), batch.expected()) <= BF16_TOLERANCE
 
 
-def test_rows_per_thread_and_lanes_variants():
-    """Other work splits (one row per thread, many lanes per row) compute the same thing."""
+def test_block_shapes():
+    """Other block shapes (warps a block, keys a tile) compute the same thing."""
     rng = np.random.default_rng(4)
-    batch = paged_batch(rng, [7, 2, 11], [9, 2, 20], 2, 3, 32, 4)
+    batch = paged_batch(rng, [7, 2, 11], [9, 2, 40], 2, 3, 32, 4)
     expected = batch.expected()
-    for rows_per_thread, dims_per_thread in [(1, 8), (2, 16), (3, 32)]:
+    for warps, keys in [(1, 32), (2, 16)]:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(attention_prefill, "ROWS_PER_THREAD", rows_per_thread)
-            patch.setattr(attention_prefill, "DIMS_PER_THREAD", dims_per_thread)
+            patch.setattr(attention_tiles, "WARPS", warps)
+            patch.setattr(attention_tiles, "MAX_KEYS", keys)
             assert relative_error(run_prefill(batch, 2), expected) <= BF16_TOLERANCE
 
 
@@ -141,7 +141,7 @@ def test_bad_arguments_raise_before_launch(name, make):
 
 def test_unsupported_head_dim_raises():
     rng = np.random.default_rng(3)
-    batch = paged_batch(rng, [2], [3], 1, 1, 48, 4)
+    batch = paged_batch(rng, [2], [3], 1, 1, 24, 4)
     with pytest.raises(ValueError, match="head_dim"):
         run_prefill(batch)
 

@@ -22,14 +22,19 @@ from numba import cuda
 
 from tests.helpers import SIMULATOR, poisoned, random_bf16, widen
 from tinyvllm.kernels.device.mma import (
-    MMA_PTX,
+    bf16x2,
     cp_async_16,
     cp_async_commit,
     cp_async_wait,
     ldmatrix_x4,
+    ldmatrix_x4_trans,
     mma_bf16_16816,
+    quad_max,
+    quad_sum,
 )
+from tinyvllm.kernels.device.mma_ptx import MMA_PTX
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
+from tinyvllm.kernels.reference import to_bf16
 
 TOLERANCE = 1e-5
 """Sixteen bf16 products are exact in float32; only the float32 sums round."""
@@ -125,6 +130,73 @@ def test_mma_identity_is_exact():
     d = poisoned((16, 8), np.float32)
     mma_kernel[1, 32](cuda.to_device(identity), cuda.to_device(b), cuda.to_device(np.zeros((16, 8), np.float32)), d)
     np.testing.assert_array_equal(d.copy_to_host(), widen(b).astype(np.float32))
+
+
+@cuda.jit
+def chained_kernel(a, bt, v, d):
+    """D[16, 16] = bf16(A @ B) @ V: the first product's accumulators, packed by bf16x2, are the
+    A fragment of the second (as attention's probabilities are), and V, stored [k, n], comes
+    by ldmatrix_x4_trans. a, bt, v: 16x16 tiles flattened row-major, bt = B^T."""
+    lane = cuda.threadIdx.x
+    tiles = cuda.shared.array(768, np.uint16, alignment=SHARED_ALIGNMENT)
+    row, column = lane // 2, 8 * (lane % 2)
+    for i, source in enumerate((a, bt, v)):
+        cp_async_16(tiles, 256 * i + 16 * row + column, source, 16 * row + column)
+    cp_async_commit()
+    cp_async_wait(0)
+    cuda.syncthreads()
+    matrix, r = lane // 8, lane % 8
+    a0, a1, a2, a3 = ldmatrix_x4(tiles, 16 * (r + 8 * (matrix % 2)) + 8 * (matrix // 2))
+    b00, b01, b10, b11 = ldmatrix_x4(tiles, 256 + 16 * (r + 8 * (matrix // 2)) + 8 * (matrix % 2))
+    zero = np.float32(0.0)
+    s0, s1, s2, s3 = mma_bf16_16816(a0, a1, a2, a3, b00, b01, zero, zero, zero, zero)
+    s4, s5, s6, s7 = mma_bf16_16816(a0, a1, a2, a3, b10, b11, zero, zero, zero, zero)
+    p0, p1, p2, p3 = bf16x2(s0, s1), bf16x2(s2, s3), bf16x2(s4, s5), bf16x2(s6, s7)
+    v00, v01, v10, v11 = ldmatrix_x4_trans(tiles, 512 + 16 * (r + 8 * (matrix % 2)) + 8 * (matrix // 2))
+    g, t = lane // 4, lane % 4
+    for tile in range(2):
+        b0, b1 = (v00, v01) if tile == 0 else (v10, v11)
+        d0, d1, d2, d3 = mma_bf16_16816(p0, p1, p2, p3, b0, b1, zero, zero, zero, zero)
+        n = 8 * tile + 2 * t
+        d[g, n] = d0
+        d[g, n + 1] = d1
+        d[g + 8, n] = d2
+        d[g + 8, n + 1] = d3
+
+
+def test_accumulators_feed_the_next_mma_through_a_transposed_load():
+    rng = np.random.default_rng(4)
+    # small integers: A @ B is exact in float32 and in bf16, so the chain has one rounding
+    a, bt = (to_bf16(rng.integers(-2, 3, (16, 16)).astype(np.float64)) for _ in range(2))
+    v = random_bf16(rng, (16, 16))
+    d = poisoned((16, 16), np.float32)
+    chained_kernel[1, 32](*(cuda.to_device(x.ravel()) for x in (a, bt, v)), d)
+    assert_close(d.copy_to_host(), (widen(a) @ widen(bt).T) @ widen(v))
+
+
+@cuda.jit
+def lane_kernel(values, pairs, maxes, sums, packed):
+    lane = cuda.threadIdx.x
+    maxes[lane] = quad_max(values[lane])
+    sums[lane] = quad_sum(values[lane])
+    packed[lane] = bf16x2(pairs[lane, 0], pairs[lane, 1])
+
+
+def test_quad_reductions_and_bf16_pairs():
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal(32).astype(np.float32)
+    # float32 values halfway between two bf16 numbers test the rounding (to even)
+    pairs = rng.standard_normal((32, 2)).astype(np.float32)
+    pairs[:8] = (pairs[:8].view(np.uint32) & np.uint32(0xFFFF0000) | np.uint32(0x8000)).view(np.float32)
+    maxes, sums, packed = poisoned(32, np.float32), poisoned(32, np.float32), cuda.device_array(32, np.uint32)
+    lane_kernel[1, 32](cuda.to_device(values), cuda.to_device(pairs), maxes, sums, packed)
+    quads = values.reshape(8, 4)
+    np.testing.assert_array_equal(maxes.copy_to_host(), np.repeat(quads.max(axis=1), 4))
+    np.testing.assert_allclose(sums.copy_to_host(), np.repeat(quads.astype(np.float64).sum(axis=1), 4), rtol=1e-6)
+    expected = to_bf16(pairs[:, 0].astype(np.float64)).astype(np.uint32) | (
+        to_bf16(pairs[:, 1].astype(np.float64)).astype(np.uint32) << 16
+    )
+    np.testing.assert_array_equal(packed.copy_to_host(), expected)
 
 
 @cuda.jit

@@ -8,11 +8,11 @@ their own. Softmax over a key set splits into softmax states over any partition 
 
     shared part   one kernel stages each K and V tile of the prefix in shared memory once
                   and scores all S sequences' queries against it, G = Hq / Hkv heads of a
-                  KV head at once: S * G query rows, the flash prefill kernel's shape
-                  (`attention_prefill.py`) without its causal mask. A thread keeps
-                  ROWS_PER_THREAD query rows, so every float read from shared memory feeds
-                  that many multiply-adds: like prefill, the kernel is arithmetic-bound, and
-                  the prefix crosses the bus once per block of sequences, not per sequence.
+                  KV head at once: S * G query rows, the flash prefill kernel's tiles on
+                  tensor cores (`attention_tiles.py`) without its causal mask. The matrix
+                  products that plain decode does one query row at a time on the FP32
+                  units become mma tiles, and the prefix crosses the bus once per block of
+                  sequences, not per sequence.
     own part      the decode kernel in split mode (`attention_decode.py`), each context's
                   range starting at shared_len.
 
@@ -22,12 +22,12 @@ layout, and one merge combines them into the bf16 output with split-K's rule
 num_partitions rows first, as split-K lays them out, then S * Hq * shared_partitions rows of
 the shared kernel, (sequence, head) major.
 
-Work split of the shared kernel: one block per (KV head, tile of `rows` sequences, part of
+Work split of the shared kernel: one block per (KV head, tile of ROWS / G sequences, part of
 the prefix). A CUDA graph replays the call with other lengths, so the grid depends on shapes
 only; each block cuts the prefix from the length it finds on the device into gridDim.z parts
-of whole tiles, and a part past its end returns at once. With S = 256, Hkv = 8 and 32 rows
-a block, 64 blocks a part: `cascade_shared_partitions` cuts the prefix into enough parts to
-fill the GPU.
+of whole tiles, and a part past its end returns at once. With S = 256, Hkv = 8 and 16
+sequences a block, 128 blocks a part: `cascade_shared_partitions` cuts the prefix into
+enough parts to fill the GPU.
 """
 
 import functools
@@ -36,33 +36,34 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels import attention_prefill
 from tinyvllm.kernels.attention_common import block_shift
 from tinyvllm.kernels.attention_decode import WORKSPACE_EXTRA, check_decode, launch_decode, partition_tokens
-from tinyvllm.kernels.attention_prefill import (
-    DIMS_PER_THREAD,
-    KEYS_PER_STEP,
-    ROWS_PER_THREAD,
-    prefill_layout,
-    tile_attention,
-)
 from tinyvllm.kernels.attention_split import MAX_PARTITIONS, MERGE_BATCH, MERGE_THREADS, merge_states
+from tinyvllm.kernels.attention_tiles import block_rows, check_head_dim, empty_state, flash_tiles, tile_shape
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.mma import MMA_K, MMA_N
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
 
-def _shared_layout(head_dim: int, group: int) -> tuple[int, int, int, int, int]:
-    """(dims per lane, lanes per row, threads, sequences per block, keys per tile) of the shared kernel."""
-    layout = prefill_layout(head_dim, group, attention_prefill.PREFILL_THREADS, ROWS_PER_THREAD, DIMS_PER_THREAD)
-    return *layout, max(KEYS_PER_STEP, attention_prefill.TILE_FLOATS // head_dim)
+@cuda.jit(device=True, inline=True)
+def store_state(workspace, slot, head_dim, n_tiles, acc, c0, peak, total):
+    """A lane's columns of one row's state (accumulators c0, c0 + 1), and its max and sum."""
+    t2 = 2 * (cuda.threadIdx.x % 4)
+    for n in range(n_tiles):
+        workspace[slot, MMA_N * n + t2] = acc[n, c0]
+        workspace[slot, MMA_N * n + t2 + 1] = acc[n, c0 + 1]
+    if t2 == 0:
+        workspace[slot, head_dim] = peak
+        workspace[slot, head_dim + 1] = total
 
 
 @functools.cache
-def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_thread, keys):
-    dims, lanes, threads, rows = prefill_layout(head_dim, group, threads, rows_per_thread, dims_per_thread)
-    row_sets = rows // rows_per_thread
-    start_row, fold_tiles = tile_attention(head_dim, group, threads, rows_per_thread, dims_per_thread, keys)
+def _shared_prefix_kernel(head_dim, group, threads, keys, rows):
+    units = rows // group
+    dim_tiles = head_dim // MMA_N
+    query_words = (head_dim // MMA_K, 4)
+    load_query, fold, finish = flash_tiles(head_dim, threads, keys)
 
     @cuda.jit
     def shared_prefix(q, k_flat, v_flat, block_tables, shared_len, log2_block_size, first_slot, workspace):
@@ -71,7 +72,7 @@ def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_th
         # grid alone, then also sees the decode kernel's states (launched before it).
         wait_for_prior_grid()
         kv_head = cuda.blockIdx.x
-        row0 = cuda.blockIdx.y * rows
+        seq0 = cuda.blockIdx.y * units
         partition = cuda.blockIdx.z
         num_seqs = q.shape[0]
         prefix = shared_len[0]
@@ -81,33 +82,28 @@ def _shared_prefix_kernel(head_dim, group, threads, rows_per_thread, dims_per_th
         if start >= end:
             return  # a part past the prefix's end: the merge reads only parts with keys
 
-        lane = cuda.threadIdx.x % lanes
-        g = (cuda.threadIdx.x // lanes) % group
-        row_set = cuda.threadIdx.x // (lanes * group)
-        head = kv_head * group + g
-        query = cuda.local.array((rows_per_thread, dims), float32)
-        acc = cuda.local.array((rows_per_thread, dims), float32)
-        running_max = cuda.local.array(rows_per_thread, float32)
-        running_sum = cuda.local.array(rows_per_thread, float32)
-        for i in range(rows_per_thread):
-            seq = min(row0 + row_set + i * row_sets, num_seqs - 1)
-            start_row(q[seq, head], lane, i, query, acc, running_max, running_sum)
-        last_key = cuda.local.array(rows_per_thread, np.int64)
-        for i in range(rows_per_thread):
-            last_key[i] = end - 1  # every row sees the whole part: no causal mask
-        # The prefix's blocks are the same in every table: the first one names them.
-        fold_tiles(k_flat, v_flat, block_tables[0], kv_head, start, end, np.uint32(log2_block_size), last_key,
-                   query, acc, running_max, running_sum, lane)  # fmt: skip
-
-        for i in range(rows_per_thread):
-            seq = row0 + row_set + i * row_sets
-            if seq < num_seqs:
-                slot = first_slot + (seq * cuda.gridDim.x * group + head) * cuda.gridDim.z + partition
-                for d in range(dims):
-                    workspace[slot, lane * dims + d] = acc[i, d]
-                if lane == 0:
-                    workspace[slot, head_dim] = running_max[i]
-                    workspace[slot, head_dim + 1] = running_sum[i]
+        # the lane's rows g and g + 8 of its warp: sequence row // G, head row % G
+        row = MMA_N * 2 * (cuda.threadIdx.x // 32) + (cuda.threadIdx.x % 32) // 4
+        seq_a, seq_b = seq0 + row // group, seq0 + (row + 8) // group
+        head_a, head_b = kv_head * group + row % group, kv_head * group + (row + 8) % group
+        query = cuda.local.array(query_words, np.uint32)
+        acc = cuda.local.array((dim_tiles, 4), float32)
+        maxes = cuda.local.array(2, float32)
+        sums = cuda.local.array(2, float32)
+        empty_state(acc, maxes, sums)
+        load_query(q[min(seq_a, num_seqs - 1), head_a], q[min(seq_b, num_seqs - 1), head_b], query)
+        # The prefix's blocks are the same in every table: the first one names them. No
+        # causal mask: every row sees the whole part.
+        fold(k_flat, v_flat, block_tables[0], kv_head, start, end, np.uint32(log2_block_size), end - 1, end - 1,
+             query, acc, maxes, sums)  # fmt: skip
+        sum_a, sum_b = finish(sums)
+        num_heads = cuda.gridDim.x * group
+        if row < units * group and seq_a < num_seqs:
+            slot = first_slot + (seq_a * num_heads + head_a) * cuda.gridDim.z + partition
+            store_state(workspace, slot, head_dim, dim_tiles, acc, 0, maxes[0], sum_a)
+        if row + 8 < units * group and seq_b < num_seqs:
+            slot = first_slot + (seq_b * num_heads + head_b) * cuda.gridDim.z + partition
+            store_state(workspace, slot, head_dim, dim_tiles, acc, 2, maxes[1], sum_b)
 
     return shared_prefix
 
@@ -159,8 +155,7 @@ def cascade_shared_partitions(num_seqs: int, num_kv_heads: int, group: int, head
     """Parts to cut the shared prefix into, so that the shared kernel's blocks fill the GPU:
     as many as keep its grid within max_grid blocks (the decode blocks the GPU holds at once,
     as in backends/variants.py `decode_partitions`), 1 to MAX_PARTITIONS."""
-    rows = _shared_layout(head_dim, group)[3]
-    blocks = -(-num_seqs // rows) * num_kv_heads
+    blocks = -(-num_seqs // (block_rows() // group)) * num_kv_heads
     return max(1, min(MAX_PARTITIONS, max_grid // max(1, blocks)))
 
 
@@ -193,6 +188,7 @@ def cascade_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, out
     )
     check_array("shared_len", shared_len, np.int32, (1,))
+    check_head_dim(head_dim)
     rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
     for name, value in (("num_partitions", num_partitions), ("shared_partitions", shared_partitions)):
         if not 1 <= value <= MAX_PARTITIONS:
@@ -207,11 +203,10 @@ def cascade_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, True, stream, shared_len
     )
     group = num_heads // num_kv_heads
-    *_, threads, seqs_per_block, keys = _shared_layout(head_dim, group)
-    kernel = _shared_prefix_kernel(
-        head_dim, group, attention_prefill.PREFILL_THREADS, ROWS_PER_THREAD, DIMS_PER_THREAD, keys
-    )
-    grid = (num_kv_heads, -(-num_seqs // seqs_per_block), shared_partitions)
+    threads, keys = tile_shape(head_dim)
+    rows = block_rows()
+    kernel = _shared_prefix_kernel(head_dim, group, threads, keys, rows)
+    grid = (num_kv_heads, -(-num_seqs // (rows // group)), shared_partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     first_slot = num_seqs * num_heads * num_partitions
     shift = block_shift(block_size)

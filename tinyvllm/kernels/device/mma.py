@@ -31,6 +31,19 @@ llvmlite `ir.InlineAsm` call puts any PTX instruction in the kernel (numba-cuda'
     give b0, b1 of one n8 tile; an x4 load covers two n8 tiles.
     `offset` is this lane's element index into the uint16 shared array `shared`.
 
+`ldmatrix_x4_trans(shared, offset)`: the same four matrices, each transposed on the way:
+    register j of a lane holds elements (rows 2t, 2t + 1; column g) of matrix j. From a tile
+    stored [k, n] (n contiguous, as V is stored [key, dim]), matrices (k 0-7, n 0-7) and
+    (k 8-15, n 0-7) give b0, b1 of one n8 tile: P @ V needs no transposed copy of V.
+
+`bf16x2(low, high) -> uint32`: two float32 rounded to bf16 (nearest even) in one register,
+    `low` in the low half (`cvt.rn.bf16x2.f32`). The accumulators of one mma, so packed,
+    are the A fragment of the next: the C layout of n8 tiles 2j and 2j + 1 is the A layout
+    of k-step j (FlashAttention-2 keeps its probabilities in registers this way).
+
+`quad_max(value)`, `quad_sum(value)`: over the four lanes 4g .. 4g + 3 that hold one row
+    of an accumulator tile (two butterfly shuffles; under the simulator, the warp exchange).
+
 `cp_async_16(shared, shared_offset, row, row_offset)`, `cp_async_commit()`, `cp_async_wait(N)`
     `cp.async.cg.shared.global`: 16 bytes (8 bf16) from global to shared memory without a
     register in between, in flight until `cp.async.wait_group N` leaves at most N of this
@@ -42,7 +55,7 @@ aligned, so offsets are multiples of 8 and the shared arrays are declared with
 `alignment=SHARED_ALIGNMENT` (Numba aligns a uint16 shared array to 2 bytes otherwise); the
 stand-ins refuse offsets that are not multiples of 8.
 
-Shared addresses: Numba hands a shared array's data as a generic pointer; an LLVM
+Shared addresses (`mma_ptx.py` emits the PTX): Numba hands a shared array's data as a generic pointer; an LLVM
 `addrspacecast` to address space 3 and a 32-bit `ptrtoint` give the `.shared` address these
 instructions take (NVPTX emits `cvta.to.shared`, or, for an array it knows is a shared
 symbol, as in the kernels so far, the symbol's address itself).
@@ -65,119 +78,14 @@ import threading
 import weakref
 
 import numpy as np
+from numba import cuda
 
+from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.mma_ptx import ptx_instructions
 from tinyvllm.kernels.device.simulator import SIMULATOR
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
-MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-
-
-def _ptx_instructions():
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda import cgutils
-    from numba.cuda.extending import intrinsic
-
-    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-    words_type = types.UniTuple(types.uint32, 4)
-    results_type = types.UniTuple(types.float32, 4)
-
-    def is_bf16_row(array):
-        return isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.uint16
-
-    def element_pointer(context, builder, array_type, array, index_type, index):
-        struct = context.make_array(array_type)(context, builder, value=array)
-        index = context.cast(builder, index, index_type, types.intp)
-        return cgutils.get_item_pointer(context, builder, array_type, struct, [index])
-
-    def shared_address(builder, pointer):
-        # generic -> .shared: NVPTX emits cvta.to.shared; shared addresses fit 32 bits
-        shared_pointer = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, addrspace=3))
-        return builder.ptrtoint(shared_pointer, i32)
-
-    def global_address(builder, pointer):
-        return builder.ptrtoint(builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, addrspace=1)), i64)
-
-    def asm_call(builder, result_type, argument_types, text, constraints, arguments, side_effect=False):
-        asm = ir.InlineAsm(ir.FunctionType(result_type, argument_types), text, constraints, side_effect=side_effect)
-        # warp-collective: LLVM must not move the call into (or out of) divergent control flow
-        return builder.call(asm, arguments, attrs=("convergent",))
-
-    # --8<-- [start:mma]
-    @intrinsic
-    def mma_bf16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        accumulators = (c0, c1, c2, c3)
-        if not all(isinstance(r, types.Integer) for r in (a0, a1, a2, a3, b0, b1)):
-            return None
-        if not all(isinstance(c, types.Float) for c in accumulators):
-            return None
-
-        def codegen(context, builder, sig, args):
-            words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6], strict=True)]
-            sums = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:], strict=True)]
-            text = f"{MMA_PTX} {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-            constraints = "=f,=f,=f,=f," + "r," * 6 + "f,f,f,f"
-            operand_types = [i32] * 6 + [f32] * 4
-            d = asm_call(builder, ir.LiteralStructType([f32] * 4), operand_types, text, constraints, words + sums)
-            return context.make_tuple(builder, results_type, [builder.extract_value(d, k) for k in range(4)])
-
-        return results_type(a0, a1, a2, a3, b0, b1, *accumulators), codegen
-
-    # --8<-- [end:mma]
-
-    @intrinsic
-    def ldmatrix_x4(typingctx, shared, offset):
-        if not (is_bf16_row(shared) and isinstance(offset, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            pointer = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            text = "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];"
-            struct = ir.LiteralStructType([i32] * 4)
-            address = shared_address(builder, pointer)
-            # reads shared memory that syncthreads orders: the clobber keeps it after the barrier
-            r = asm_call(builder, struct, [i32], text, "=r,=r,=r,=r,r,~{memory}", [address])
-            return context.make_tuple(builder, words_type, [builder.extract_value(r, k) for k in range(4)])
-
-        return words_type(shared, offset), codegen
-
-    @intrinsic
-    def cp_async_16(typingctx, shared, shared_offset, row, row_offset):
-        if not (is_bf16_row(shared) and is_bf16_row(row)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            target = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            source = element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-            text = "cp.async.cg.shared.global [$0], [$1], 16;"
-            arguments = [shared_address(builder, target), global_address(builder, source)]
-            asm_call(builder, ir.VoidType(), [i32, i64], text, "r,l,~{memory}", arguments, True)
-            return context.get_dummy_value()
-
-        return types.void(shared, shared_offset, row, row_offset), codegen
-
-    @intrinsic
-    def cp_async_commit(typingctx):
-        def codegen(context, builder, sig, args):
-            asm_call(builder, ir.VoidType(), [], "cp.async.commit_group;", "~{memory}", [], True)
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    @intrinsic
-    def cp_async_wait(typingctx, pending):
-        if not isinstance(pending, types.IntegerLiteral):
-            return None  # wait_group takes an immediate
-
-        def codegen(context, builder, sig, args):
-            text = f"cp.async.wait_group {pending.literal_value};"
-            asm_call(builder, ir.VoidType(), [], text, "~{memory}", [], True)
-            return context.get_dummy_value()
-
-        return types.void(pending), codegen
-
-    return mma_bf16_16816, ldmatrix_x4, cp_async_16, cp_async_commit, cp_async_wait
 
 
 class _WarpExchange:
@@ -247,6 +155,30 @@ def _simulated_ldmatrix_x4(shared, offset):
     return tuple(words)
 
 
+def _simulated_ldmatrix_x4_trans(shared, offset):
+    _check_row_start(offset)
+    lane, offsets = _warp_swap(int(offset))
+    g, t = divmod(lane, 4)
+    words = []
+    for matrix in range(4):
+        low, high = shared[offsets[8 * matrix + 2 * t] + g], shared[offsets[8 * matrix + 2 * t + 1] + g]
+        words.append(np.uint32(int(low) | (int(high) << 16)))
+    return tuple(words)
+
+
+def _simulated_bf16x2(low, high):
+    return np.uint32(int(f32_to_bf16(low)) | (int(f32_to_bf16(high)) << 16))
+
+
+def _simulated_quad(reduce):
+    def quad(value):
+        lane, values = _warp_swap(value)
+        first = lane - lane % 4
+        return np.float32(reduce(values[first : first + 4]))
+
+    return quad
+
+
 def _simulated_cp_async_16(shared, shared_offset, row, row_offset):
     _check_row_start(shared_offset)
     _check_row_start(row_offset)
@@ -258,8 +190,27 @@ def _simulated_nothing(pending=0):
     pass
 
 
+# --8<-- [start:quad]
+@cuda.jit(device=True, inline=True)
+def _shuffle_quad_max(value):
+    value = max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 1))
+    return max(value, cuda.shfl_xor_sync(0xFFFFFFFF, value, 2))
+
+
+@cuda.jit(device=True, inline=True)
+def _shuffle_quad_sum(value):
+    value += cuda.shfl_xor_sync(0xFFFFFFFF, value, 1)
+    return value + cuda.shfl_xor_sync(0xFFFFFFFF, value, 2)
+
+
+# --8<-- [end:quad]
+
 if SIMULATOR:
     mma_bf16_16816, ldmatrix_x4 = _simulated_mma, _simulated_ldmatrix_x4
+    ldmatrix_x4_trans = _simulated_ldmatrix_x4_trans
+    bf16x2, quad_max, quad_sum = _simulated_bf16x2, _simulated_quad(max), _simulated_quad(sum)
     cp_async_16, cp_async_commit, cp_async_wait = _simulated_cp_async_16, _simulated_nothing, _simulated_nothing
 else:
-    mma_bf16_16816, ldmatrix_x4, cp_async_16, cp_async_commit, cp_async_wait = _ptx_instructions()
+    mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, *_copies = ptx_instructions()
+    cp_async_16, cp_async_commit, cp_async_wait = _copies
+    quad_max, quad_sum = _shuffle_quad_max, _shuffle_quad_sum

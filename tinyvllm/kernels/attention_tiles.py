@@ -1,0 +1,236 @@
+"""Flash attention on tensor cores: a block's query rows against K and V tiles of the paged cache.
+
+What the prefill kernel (`attention_prefill.py`) and cascade's shared-prefix kernel
+(`attention_cascade.py`) share. A block of WARPS warps serves one KV head; each warp owns 16
+query rows, all G = Hq / Hkv query heads of that KV head packed row by row (row r is unit
+r // G, head r % G, where a unit is a token of a prompt or a decoding sequence), so that one
+staged K and V tile serves every head of the group. Per tile of `keys` keys (FlashAttention-2,
+the fragment layouts of `device/mma.py`):
+
+    S[16, keys] = Q K^T      D / 16 k-steps x keys / 8 n8 tiles of mma; Q's fragments stay
+                             in registers for the whole walk, K's come by ldmatrix
+    online softmax           on S's accumulators: a lane holds rows g and g + 8, columns 2t
+                             and 2t + 1 of each n8 tile, so a row's max is the max of its
+                             quad of lanes (`quad_max`); the running sum stays per lane until
+                             the end
+    O[16, D] += P V          S's accumulators rounded to bf16 are P's A fragments as they lie
+                             (`bf16x2`); V's come by ldmatrix.trans from V stored [key, dim]
+
+The tiles reach shared memory by `cp.async`, double-buffered: while a warp multiplies tile
+i, tile i + 1 is in flight. Shared rows are D + 8 elements long, so the 8 rows one ldmatrix
+reads start in 8 different 16-byte bank groups. A key past the range is loaded from the
+range's last key (finite: a poisoned cache row would make 0 x NaN = NaN in the product) and
+its score is masked to -inf. Scores are in base 2 (`attention_common`).
+
+Registers a lane: Q D / 4 words, S keys / 2 and O D / 2 floats: 16 + 32 + 32 at D = 64.
+Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 36 KB at D = 64 and 64 keys.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from tinyvllm.kernels.attention_common import LOG2_E, rescale
+from tinyvllm.kernels.device.mma import (
+    MMA_K,
+    MMA_M,
+    MMA_N,
+    bf16x2,
+    cp_async_16,
+    cp_async_commit,
+    cp_async_wait,
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
+    mma_bf16_16816,
+    quad_max,
+    quad_sum,
+)
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
+from tinyvllm.kernels.device.vector_io import VECTOR
+
+WARPS = 4
+MAX_KEYS = 64
+TILE_ELEMENTS = 4096
+"""keys x D of one staged tile: 64 keys at D = 64, 32 at D = 128 (static shared memory is 48 KB)."""
+PAD = 8
+"""Elements after each shared row: D + 8 bf16 is an odd number of 16-byte groups."""
+
+
+def tile_shape(head_dim: int) -> tuple[int, int]:
+    """(threads, keys a tile) of a block for this head size."""
+    return WARPS * 32, max(MMA_K, min(MAX_KEYS, TILE_ELEMENTS // head_dim))
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim % MMA_K or head_dim > 256:
+        raise ValueError(f"head_dim {head_dim}: the tensor-core attention needs a multiple of {MMA_K} up to 256")
+
+
+def block_rows() -> int:
+    """Query rows a block: 16 a warp."""
+    return WARPS * MMA_M
+
+
+@functools.cache
+def flash_tiles(head_dim: int, threads: int, keys: int):
+    """The three inline device functions of one block shape:
+
+        load_query(row0, row1, query)      the lane's Q fragments of its rows g and g + 8
+        fold(k_flat, v_flat, table, kv_head, start, end, shift, last0, last1,
+             query, out, maxes, sums)      keys [start, end) of the sequence whose block table
+                                           is `table` into the rows' states; row g sees keys
+                                           up to position last0, row g + 8 up to last1
+        finish(maxes, sums) -> (sum0, sum1)  the rows' whole sums (the quad's lanes added)
+
+    `out` is float32[D / 8, 4] (the O accumulators), `maxes` and `sums` float32[2]; the
+    caller empties them (`empty_state`)."""
+    steps = head_dim // MMA_K
+    dim_tiles = head_dim // MMA_N
+    key_tiles = keys // MMA_N
+    key_steps = keys // MMA_K
+    stride = head_dim + PAD
+    tile_elements = keys * stride
+    buffers_shape = 2 * tile_elements  # two tiles, one filling while the other is used
+    scores_shape = (key_tiles, 4)
+    chunks_per_key = head_dim // VECTOR
+    chunks_per_thread = keys * chunks_per_key // threads
+    scale = float32(LOG2_E / math.sqrt(head_dim))
+    head_dim_u = np.uint32(head_dim)
+
+    @cuda.jit(device=True, inline=True)
+    def pair(row, d):
+        return np.uint32(row[d]) | np.uint32(np.uint32(row[d + 1]) << np.uint32(16))
+
+    @cuda.jit(device=True, inline=True)
+    def load_query(row0, row1, query):
+        t2 = 2 * (cuda.threadIdx.x % 4)
+        for s in range(steps):
+            d = MMA_K * s + t2
+            query[s, 0] = pair(row0, d)
+            query[s, 1] = pair(row1, d)
+            query[s, 2] = pair(row0, d + 8)
+            query[s, 3] = pair(row1, d + 8)
+
+    @cuda.jit(device=True, inline=True)
+    def issue(k_flat, v_flat, table, kv_head, tile_start, end, shift, k_tiles, v_tiles, base):
+        """Start the copies of the tile at tile_start into the buffer at `base` (gridDim.x = Hkv)."""
+        row_mask = (np.uint32(1) << shift) - np.uint32(1)
+        row_stride = np.uint32(cuda.gridDim.x) * head_dim_u
+        block_stride = np.uint64(row_stride) << np.uint64(shift)
+        for c in range(chunks_per_thread):
+            chunk = np.uint32(cuda.threadIdx.x + c * threads)
+            key = chunk // chunks_per_key
+            column = chunk % chunks_per_key * VECTOR
+            position = min(np.uint32(tile_start) + key, np.uint32(end - 1))
+            offset = np.uint64(table[position >> shift]) * block_stride + np.uint64(
+                (position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column
+            )
+            target = base + key * stride + column
+            cp_async_16(k_tiles, target, k_flat, offset)
+            cp_async_16(v_tiles, target, v_flat, offset)
+        cp_async_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tile(scores, tile_start, last0, last1, out, maxes, sums):
+        """Scale and mask the tile's scores, fold their maxima into the rows' states, and
+        leave the unnormalised probabilities in `scores`."""
+        t2 = 2 * (cuda.threadIdx.x % 4)
+        tile_max0, tile_max1 = float32(-math.inf), float32(-math.inf)
+        for j in range(key_tiles):
+            key = tile_start + MMA_N * j + t2
+            for c in range(4):
+                last = last0 if c < 2 else last1
+                score = scores[j, c] * scale if key + c % 2 <= last else float32(-math.inf)
+                scores[j, c] = score
+            tile_max0 = max(tile_max0, max(scores[j, 0], scores[j, 1]))
+            tile_max1 = max(tile_max1, max(scores[j, 2], scores[j, 3]))
+        new0 = max(maxes[0], quad_max(tile_max0))
+        new1 = max(maxes[1], quad_max(tile_max1))
+        factor0, factor1 = rescale(maxes[0], new0), rescale(maxes[1], new1)
+        maxes[0], maxes[1] = new0, new1
+        # a row with no key seen yet keeps weight 0 rather than exp2(-inf + inf)
+        base0 = new0 if new0 != -math.inf else float32(0.0)
+        base1 = new1 if new1 != -math.inf else float32(0.0)
+        sum0, sum1 = sums[0] * factor0, sums[1] * factor1
+        for j in range(key_tiles):
+            for c in range(4):
+                weight = math.exp2(scores[j, c] - (base0 if c < 2 else base1))
+                scores[j, c] = weight
+                if c < 2:
+                    sum0 += weight
+                else:
+                    sum1 += weight
+        sums[0], sums[1] = sum0, sum1
+        for n in range(dim_tiles):
+            out[n, 0] *= factor0
+            out[n, 1] *= factor0
+            out[n, 2] *= factor1
+            out[n, 3] *= factor1
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(acc, n, a0, a1, a2, a3, b0, b1):
+        d0, d1, d2, d3 = mma_bf16_16816(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+        acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = d0, d1, d2, d3
+
+    # --8<-- [start:fold]
+    @cuda.jit(device=True, inline=True)
+    def fold(k_flat, v_flat, table, kv_head, start, end, shift, last0, last1, query, out, maxes, sums):
+        k_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
+        v_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
+        scores = cuda.local.array(scores_shape, float32)
+        lane = cuda.threadIdx.x % 32
+        matrix, matrix_row = lane // 8, lane % 8
+        # ldmatrix: lanes 8j .. 8j + 7 name the rows of matrix j (mma.py)
+        k_lane = (matrix_row + 8 * (matrix // 2)) * stride + 8 * (matrix % 2)
+        v_lane = (matrix_row + 8 * (matrix % 2)) * stride + 8 * (matrix // 2)
+        issue(k_flat, v_flat, table, kv_head, start, end, shift, k_tiles, v_tiles, 0)
+        for tile_start in range(start, end, keys):
+            base = (tile_start - start) // keys % 2 * tile_elements
+            if tile_start + keys < end:
+                issue(k_flat, v_flat, table, kv_head, tile_start + keys, end, shift, k_tiles, v_tiles,
+                      tile_elements - base)  # fmt: skip
+            else:
+                cp_async_commit()  # an empty group, so that one wait rule serves every tile
+            cp_async_wait(1)
+            cuda.syncthreads()
+            for j in range(key_tiles):
+                for c in range(4):
+                    scores[j, c] = float32(0.0)
+            for s in range(steps):
+                for j in range(0, key_tiles, 2):
+                    b00, b01, b10, b11 = ldmatrix_x4(k_tiles, base + k_lane + MMA_N * j * stride + MMA_K * s)
+                    mma_into(scores, j, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b00, b01)
+                    mma_into(scores, j + 1, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b10, b11)
+            softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
+            for s in range(key_steps):
+                a0 = bf16x2(scores[2 * s, 0], scores[2 * s, 1])
+                a1 = bf16x2(scores[2 * s, 2], scores[2 * s, 3])
+                a2 = bf16x2(scores[2 * s + 1, 0], scores[2 * s + 1, 1])
+                a3 = bf16x2(scores[2 * s + 1, 2], scores[2 * s + 1, 3])
+                for n in range(0, dim_tiles, 2):
+                    b00, b01, b10, b11 = ldmatrix_x4_trans(v_tiles, base + v_lane + MMA_K * s * stride + MMA_N * n)
+                    mma_into(out, n, a0, a1, a2, a3, b00, b01)
+                    mma_into(out, n + 1, a0, a1, a2, a3, b10, b11)
+            cuda.syncthreads()  # every warp is done with this buffer before it is refilled
+        cp_async_wait(0)
+
+    # --8<-- [end:fold]
+
+    @cuda.jit(device=True, inline=True)
+    def finish(sums):
+        return quad_sum(sums[0]), quad_sum(sums[1])
+
+    return load_query, fold, finish
+
+
+@cuda.jit(device=True, inline=True)
+def empty_state(out, maxes, sums):
+    """O = 0, max = -inf, sum = 0 for both of a lane's rows."""
+    for n in range(out.shape[0]):
+        for c in range(4):
+            out[n, c] = float32(0.0)
+    for i in range(2):
+        maxes[i] = -math.inf
+        sums[i] = float32(0.0)
