@@ -189,13 +189,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sweep", action="store_true", help="also time other work splits at the bar shapes")
+    parser.add_argument("--prefill-only", action="store_true", help="time the prefill cases alone")
     args = parser.parse_args()
     if config.ENABLE_CUDASIM:
         raise SystemExit("bench_attention times real kernels: it needs a CUDA GPU, not the simulator")
     cache = Cache(max(DECODE_BATCHES) * max(DECODE_CONTEXTS))
     copy = copy_tbps(1 << 29, args.repeats)
 
-    decode = [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
+    decode = (
+        []
+        if args.prefill_only
+        else [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
+    )
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
     variants = sweep(cache, args.repeats) if args.sweep else []
 
@@ -227,13 +232,14 @@ def main() -> None:
                 f"split {r['split_ms']:.4f} ms (P {r['split_partitions']})"
             )
 
-    bars = {
-        "flash_vs_naive_1x4096": prefill[0]["speedup"],
-        "paged_decode_tbps_64x2048": next(r["paged_tbps"] for r in decode if (r["batch"], r["context"]) == (64, 2048)),
-        "split_vs_paged_1x8192": next(
+    bars = {"flash_vs_naive_1x4096": prefill[0]["speedup"]}
+    if decode:
+        bars["paged_decode_tbps_64x2048"] = next(
+            r["paged_tbps"] for r in decode if (r["batch"], r["context"]) == (64, 2048)
+        )
+        bars["split_vs_paged_1x8192"] = next(
             r["paged_ms"] / r["split_ms"] for r in decode if (r["batch"], r["context"]) == (1, 8192)
-        ),
-    }
+        )
     print("\nbars (need >= 10, >= 3.0, >= 3):", {k: round(v, 2) for k, v in bars.items()})
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
