@@ -16,6 +16,10 @@ Prefill of whole prompts, 1 x 4096 and 16 x 1024 tokens: naive (three kernels th
 2 GB float32 score buffer) against flash prefill; plus a chunked prefill (4 x 512 new
 tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half.
 
+Cascade decode at batch 256 and 64, context 2112 of which the first 2048 tokens are the same
+blocks in every table: the engine's plain decode (`decode_attention`) against cascade
+attention (`cascade_decode_attention`), and the relative difference of their outputs.
+
 Bars on the H200: flash prefill >= 10x naive at 1 x 4096; paged decode >= 3.0 TB/s at
 batch 64, context 2048; split-K >= 3x paged decode at batch 1, context 8192. `--sweep`
 also times other work splits of both kernels (their module constants) at those shapes.
@@ -35,6 +39,11 @@ from perf.attention_naive import naive_attention, naive_scratch_shape
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
 from tinyvllm.backends.variants import decode_partitions, decode_shape
 from tinyvllm.kernels import attention_decode, attention_tiles
+from tinyvllm.kernels.attention_cascade import (
+    cascade_decode_attention,
+    cascade_shared_partitions,
+    cascade_workspace_rows,
+)
 from tinyvllm.kernels.attention_decode import paged_decode_attention
 from tinyvllm.kernels.attention_prefill import prefill_attention
 from tinyvllm.kernels.attention_split import (
@@ -133,6 +142,38 @@ def decode_case(cache: Cache, num_seqs: int, context: int, repeats: int) -> dict
     }
 
 
+def cascade_case(cache: Cache, num_seqs: int, context: int, shared: int, repeats: int) -> dict:
+    """Decode of num_seqs sequences whose first `shared` tokens are the same blocks: the
+    engine's plain decode (`decode_attention`) against cascade attention, and their outputs."""
+    tables = cache.block_tables(num_seqs, context)
+    tables[:, : shared // BLOCK_SIZE] = tables[0, : shared // BLOCK_SIZE]
+    args = (random_bf16(num_seqs, Q_HEADS, HEAD_DIM), cache.k, cache.v, cuda.to_device(tables))
+    args += (cuda.to_device(np.full(num_seqs, context, np.int32)),)
+    max_grid = BLOCKS_PER_SM * multiprocessor_count()
+    plain_partitions = decode_partitions(*decode_shape(args[0], cache.k, tables), max_grid)
+    plain_workspace = cuda.device_array(
+        decode_workspace_shape(Q_HEADS, KV_HEADS, HEAD_DIM, multiprocessor_count()), np.float32
+    )
+    shared_parts = cascade_shared_partitions(num_seqs, KV_HEADS, Q_HEADS // KV_HEADS, HEAD_DIM, max_grid)
+    rows = cascade_workspace_rows(num_seqs, Q_HEADS, plain_partitions, shared_parts)
+    workspace = cuda.device_array((rows, HEAD_DIM + 2), np.float32)
+    shared_len = cuda.to_device(np.array([shared], np.int32))
+    plain_out, cascade_out = random_bf16(num_seqs, Q_HEADS, HEAD_DIM), random_bf16(num_seqs, Q_HEADS, HEAD_DIM)
+    plain = median_ms(lambda: decode_attention(*args, plain_out, plain_workspace, plain_partitions), repeats=repeats)
+    cascade = median_ms(
+        lambda: cascade_decode_attention(*args, shared_len, cascade_out, workspace, plain_partitions, shared_parts),
+        repeats=repeats,
+    )
+    return {
+        "shape": f"{num_seqs}x{context} ({shared} shared)",
+        "plain_ms": plain,
+        "cascade_ms": cascade,
+        "speedup": plain / cascade,
+        "shared_partitions": shared_parts,
+        "cascade_vs_plain_error": relative_error(cascade_out, plain_out),
+    }
+
+
 def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: int, with_naive: bool) -> dict:
     tokens = num_seqs * new
     context = cached + new
@@ -202,6 +243,7 @@ def main() -> None:
         else [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
     )
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
+    cascade = [cascade_case(cache, 256, 2112, 2048, args.repeats), cascade_case(cache, 64, 2112, 2048, args.repeats)]
     variants = sweep(cache, args.repeats) if args.sweep else []
 
     print(f"device copy (read+write): {copy:.2f} TB/s")
@@ -223,6 +265,12 @@ def main() -> None:
             else f"{'-':>9} {'-':>8} {'-':>8} {'-':>8}"
         )
         print(f"{r['shape']:>14} {r['flash_ms']:9.3f} {r['flash_tflops']:8.2f} {naive}")
+    print(f"\n{'cascade decode':>24} {'plain ms':>9} {'cascade ms':>11} {'speedup':>8} {'err':>8}")
+    for r in cascade:
+        print(
+            f"{r['shape']:>24} {r['plain_ms']:9.4f} {r['cascade_ms']:11.4f} {r['speedup']:7.2f}x "
+            f"{r['cascade_vs_plain_error']:8.1e}"
+        )
     for r in variants:
         if r["kernel"] == "prefill":
             print(f"sweep prefill 1x4096 {r['variant']:>32}: {r['flash_ms']:.3f} ms {r['flash_tflops']:.2f} TFLOP/s")
@@ -245,7 +293,14 @@ def main() -> None:
     RESULTS.write_text(
         json.dumps(
             result_header()
-            | {"copy_tbps": copy, "bars": bars, "decode": decode, "prefill": prefill, "sweep": variants},
+            | {
+                "copy_tbps": copy,
+                "bars": bars,
+                "decode": decode,
+                "prefill": prefill,
+                "cascade": cascade,
+                "sweep": variants,
+            },
             indent=2,
         )
         + "\n"

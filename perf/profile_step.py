@@ -1,6 +1,7 @@
 """Where a decode step's time goes: GPU time per operator, graph replay, host overhead.
 
     python -m perf.profile_step [--model llama-1b] [--batches 1 64 256] [--context 512]
+                                [--shared-prefix N [--cascade]]
 
 For each batch size B the engine admits B requests of `context` random prompt tokens (as
 `LLM.generate` does: outputs reported when finished) and runs their prefills; from then
@@ -19,7 +20,9 @@ on every step is a decode step of B sequences. Then:
   for the step before, as far as it fits. Issue bar: <= 300 us at batch 256. Then a
   cProfile of the same steps names the host functions that take the time.
 
-Results: perf/results/profile_step.json.
+With `--shared-prefix N` every prompt starts with the same N tokens, which the prefix cache
+hands every request as the same blocks; `--cascade` lets decode read them once for all
+sequences (`disable_cascade_attn=False`). Results: perf/results/profile_step.json.
 """
 
 import argparse
@@ -109,8 +112,9 @@ def operator_times(engine: LLMEngine) -> tuple[dict, list]:
     ]
 
 
-def graph_us(engine: LLMEngine, batch_size: int) -> float:
-    """Median GPU time of the decode graph replay for batch_size (its bucket)."""
+def graph_us(engine: LLMEngine, batch_size: int, shared: bool) -> float:
+    """Median GPU time of the decode graph replay for batch_size (its bucket), reading a
+    shared prefix once (cascade attention) or not."""
     graphs, backend = engine.runner.graphs, engine.runner.backend
     bucket = next(size for size in graphs.buckets if size >= batch_size)
     times = []
@@ -118,7 +122,7 @@ def graph_us(engine: LLMEngine, batch_size: int) -> float:
         hold(backend.stream, HOLD_US)
         start, end = cuda.event(), cuda.event()
         start.record(backend.stream)
-        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, False])
+        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, shared])
         end.record(backend.stream)
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
@@ -161,15 +165,17 @@ def run_prefills(engine: LLMEngine) -> None:
         engine.step()
 
 
-def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.random.Generator) -> dict:
+def profile_batch(engine: LLMEngine, batch_size: int, context: int, shared_prefix: int, rng) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=5 * REPEATS + 8, ignore_eos=True)
     vocab = engine.config.vocab_size
-    ids = [
-        engine.add_request(rng.integers(0, vocab, context).tolist(), params, final_only=True) for _ in range(batch_size)
-    ]
+    prefix = rng.integers(0, vocab, shared_prefix).tolist()
+    prompts = [prefix + rng.integers(0, vocab, context - shared_prefix).tolist() for _ in range(batch_size)]
+    ids = [engine.add_request(prompt, params, final_only=True) for prompt in prompts]
     run_prefills(engine)
     summary, operators = operator_times(engine)
-    graph = graph_us(engine, batch_size)
+    engine.step()  # a step through the graphs, so that the one this step shape uses is captured
+    shared = any(key[2] for key in engine.runner.graphs.graphs)
+    graph = graph_us(engine, batch_size, shared)
     wall = step_wall_us(engine)
     host = host_functions(engine)
     for request_id in ids:
@@ -177,6 +183,8 @@ def profile_batch(engine: LLMEngine, batch_size: int, context: int, rng: np.rand
     return {
         "batch": batch_size,
         "context": context,
+        "shared_prefix": shared_prefix,
+        "cascade": shared,
         "eager_span_us": summary["span_us"],
         "graph_us": graph,
         "step_wall_us": wall,
@@ -192,14 +200,24 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--num-blocks", type=int, default=20000)
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
+    parser.add_argument("--cascade", action="store_true", help="decode reads the shared prefix once for all")
     args = parser.parse_args()
 
-    engine = LLMEngine(model_dir(args.model), max_model_len=2048, num_blocks=args.num_blocks)
+    if not 0 <= args.shared_prefix < args.context:
+        parser.error(f"--shared-prefix must be 0 to --context - 1 ({args.context - 1}), got {args.shared_prefix}")
+    engine = LLMEngine(
+        model_dir(args.model),
+        max_model_len=max(2048, args.context + 5 * REPEATS + 8),
+        num_blocks=args.num_blocks,
+        disable_cascade_attn=not args.cascade,
+    )
     rng = np.random.default_rng(0)
-    runs = [profile_batch(engine, batch, args.context, rng) for batch in args.batches]
+    runs = [profile_batch(engine, batch, args.context, args.shared_prefix, rng) for batch in args.batches]
     for run in runs:
         print(
-            f"\nbatch {run['batch']} context {run['context']}: graph {run['graph_us']:.0f} us, eager kernels "
+            f"\nbatch {run['batch']} context {run['context']} (shared {run['shared_prefix']}, cascade "
+            f"{run['cascade']}): graph {run['graph_us']:.0f} us, eager kernels "
             f"{run['eager_span_us']:.0f} us, engine step {run['step_wall_us']:.0f} us, host overhead "
             f"{run['host_overhead_us']:.0f} us"
         )
