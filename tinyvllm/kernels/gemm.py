@@ -32,7 +32,9 @@ epilogue writes only elements inside Y. When K is a multiple of 8 and both opera
 on a 16-byte boundary (`rows_of_eight`) a chunk is all in or all out, and `cp.async`
 zero-fills the outside ones itself (source size 0). Otherwise (any K, any alignment) each
 thread gathers its chunks element by element and stores them into shared memory itself:
-the same kernel, a different staging function.
+the same kernel, a different staging function. A warp skips the mma tiles that lie wholly
+outside Y, and the block the 16 of K past K: a small product (and the simulator, where each
+lane is a Python thread) does not multiply zeros.
 """
 
 import functools
@@ -71,6 +73,8 @@ ROW_STRIDE = BLOCK_K + VECTOR
 """Shared elements a row of a slice: BLOCK_K used, 8 of padding (see above)."""
 STAGE = BLOCK_M * ROW_STRIDE
 """Shared elements of one operand's slice."""
+STAGES = 2
+SHARED_ELEMENTS = STAGES * STAGE
 CHUNKS_PER_ROW = BLOCK_K // VECTOR
 ROWS_PER_PASS = THREADS // CHUNKS_PER_ROW
 assert BLOCK_M == BLOCK_N and BLOCK_M % ROWS_PER_PASS == 0, "the copy covers both slices in whole passes"
@@ -213,8 +217,8 @@ def gemm_kernel(stage_chunk, store):
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
-        a_tiles = cuda.shared.array(2 * STAGE, np.uint16, alignment=SHARED_ALIGNMENT)
-        b_tiles = cuda.shared.array(2 * STAGE, np.uint16, alignment=SHARED_ALIGNMENT)
+        a_tiles = cuda.shared.array(SHARED_ELEMENTS, np.uint16, alignment=SHARED_ALIGNMENT)
+        b_tiles = cuda.shared.array(SHARED_ELEMENTS, np.uint16, alignment=SHARED_ALIGNMENT)
         acc = cuda.local.array((TILES_M, TILES_N, 4), float32)
         for mi in range(TILES_M):
             for ni in range(TILES_N):
@@ -246,8 +250,8 @@ def gemm_kernel(stage_chunk, store):
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the other stage
             if step + 1 < num_steps:
                 k0 = (step + 1) * BLOCK_K
-                stage_slices(a_tiles, b_tiles, (step + 1) % 2, x, weight, m0, n0, k0, copy_row, copy_col)
-            stage = (step % 2) * STAGE
+                stage_slices(a_tiles, b_tiles, (step + 1) % STAGES, x, weight, m0, n0, k0, copy_row, copy_col)
+            stage = (step % STAGES) * STAGE
             for k in range(0, BLOCK_K, MMA_K):
                 if live_m > 0 and live_n > 0 and step * BLOCK_K + k < x.shape[1]:
                     _multiply_k16(acc, a_tiles, b_tiles, stage + a_offset + k, stage + b_offset + k, live_m, live_n)
