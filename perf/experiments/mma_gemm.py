@@ -139,8 +139,10 @@ def main() -> None:
     a16 = cupy.asarray(a).view(cupy.float16)  # cuBLAS on the same bits as fp16: the same FLOPs
     b16 = cupy.asarray(b).view(cupy.float16)
     cublas = median_ms(lambda: cupy.matmul(a16, b16.T), repeats=20)
-    print(f"4096^3: mma prototype {tiled:.3f} ms = {flops / tiled / 1e9:.0f} TFLOP/s; "
-          f"cuBLAS fp16 {cublas:.3f} ms = {flops / cublas / 1e9:.0f} TFLOP/s")
+    print(
+        f"4096^3: mma prototype {tiled:.3f} ms = {flops / tiled / 1e9:.0f} TFLOP/s; "
+        f"cuBLAS fp16 {cublas:.3f} ms = {flops / cublas / 1e9:.0f} TFLOP/s"
+    )
 
 
 if __name__ == "__main__":
