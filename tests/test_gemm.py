@@ -67,6 +67,14 @@ def test_tiled_gemm_matches_reference(problem, out_dtype):
     assert_close(run(gemm, x, weight, out_dtype), expected(x, weight), out_dtype)
 
 
+def test_tiled_gemm_fills_every_warp_of_a_tile():
+    """Larger than the simulator's drawn shapes: two tiles each way, every warp's piece of the
+    first inside Y (each warp's ldmatrix offsets and stores), the others cut by the edges."""
+    rng = np.random.default_rng(13)
+    x, weight = random_bf16(rng, (BLOCK_M + 2, 24)), random_bf16(rng, (BLOCK_N + 8, 24))
+    assert_close(run(gemm, x, weight, np.float32), expected(x, weight), np.float32)
+
+
 @pytest.mark.parametrize("linear_backend", ["auto", "numba"])
 @given(problem=problems(max_m=pick(12, 64)))
 def test_linear_matches_reference(linear_backend, problem):

@@ -4,7 +4,8 @@
 documented layout, one mma, and scatters D[16, 8]: a wrong lane-to-element map shows as a
 wrong product. `staged_kernel` copies A[16, 16] and B^T[16, 16] (two n8 tiles, stored [n, k]
 as weights are) into shared memory with `cp_async_16`, loads the fragments with
-`ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B.
+`ldmatrix_x4`, and runs two mmas for D[16, 16] = A @ B. `zero_fill_kernel` copies a tile's
+first rows with `cp_async_16_zfill` and has it zero the rest, over poisoned shared memory.
 
 Under the simulator these show that the test kernels and mma.py's stand-ins agree on the
 layout documented there (both read from the PTX ISA; a misreading shared by both would pass).
@@ -24,6 +25,7 @@ from tests.helpers import SIMULATOR, poisoned, random_bf16, widen
 from tinyvllm.kernels.device.mma import (
     bf16x2,
     cp_async_16,
+    cp_async_16_zfill,
     cp_async_commit,
     cp_async_wait,
     ldmatrix_x4,
@@ -98,6 +100,25 @@ def staged_kernel(a, bt, d):
         d[g + 8, n + 1] = d3
 
 
+@cuda.jit
+def zero_fill_kernel(source, valid_rows, out):
+    """out = the 16x16 tile source (flattened) with its rows from valid_rows on zeroed, via shared memory."""
+    lane = cuda.threadIdx.x
+    tile = cuda.shared.array(256, np.uint16, alignment=SHARED_ALIGNMENT)
+    row, column = lane // 2, 8 * (lane % 2)
+    start = 16 * row + column
+    for i in range(8):
+        tile[start + i] = 0x7FC0  # bf16 NaN: what zfill must overwrite
+    cuda.syncthreads()
+    inside = row < valid_rows
+    cp_async_16_zfill(tile, start, source, start if inside else 0, inside)
+    cp_async_commit()
+    cp_async_wait(0)
+    cuda.syncthreads()
+    for i in range(8):
+        out[start + i] = tile[start + i]
+
+
 def assert_close(actual, expected):
     assert np.all(np.isfinite(actual)), "unwritten output (NaN poison) left"
     np.testing.assert_allclose(actual, expected, rtol=TOLERANCE, atol=TOLERANCE * np.abs(expected).max())
@@ -130,6 +151,17 @@ def test_mma_identity_is_exact():
     d = poisoned((16, 8), np.float32)
     mma_kernel[1, 32](cuda.to_device(identity), cuda.to_device(b), cuda.to_device(np.zeros((16, 8), np.float32)), d)
     np.testing.assert_array_equal(d.copy_to_host(), widen(b).astype(np.float32))
+
+
+@pytest.mark.parametrize("valid_rows", [0, 5, 16])
+def test_cp_async_zero_fill(valid_rows):
+    rng = np.random.default_rng(4)
+    source = random_bf16(rng, (16, 16))
+    out = cuda.device_array(256, np.uint16)
+    zero_fill_kernel[1, 32](cuda.to_device(source.ravel()), valid_rows, out)
+    expected = source.copy()
+    expected[valid_rows:] = 0
+    np.testing.assert_array_equal(out.copy_to_host().reshape(16, 16), expected)
 
 
 @cuda.jit

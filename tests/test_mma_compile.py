@@ -17,7 +17,7 @@ from tests.helpers import SIMULATOR
 pytestmark = pytest.mark.skipif(SIMULATOR or shutil.which("ptxas") is None, reason="needs NVVM and ptxas, no simulator")
 
 
-@pytest.mark.parametrize("name", ["mma_kernel", "staged_kernel", "mma_gemm_kernel"])
+@pytest.mark.parametrize("name", ["mma_kernel", "staged_kernel", "mma_gemm_kernel", "gemm_kernel"])
 def test_kernel_compiles_to_tensor_core_instructions_without_spills(name):
     from perf.experiments.mma_sass import KERNELS, compile_for_sm90
 

@@ -23,6 +23,7 @@ from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.model_runner import build_step
 from tinyvllm.engine.step_inputs import StepBuffers
 from tinyvllm.kernels import gemm, reference
+from tinyvllm.kernels.device.mma import MMA_M, MMA_N, WARP
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.llama import Workspace
 
@@ -185,23 +186,26 @@ def gemm_tiling_figure(figures: Path) -> str:
     grid.set_aspect("equal")
     grid.set_title(f"Y [{m} x {n}]: one block of {gemm.THREADS} threads\nper {gemm.BLOCK_M} x {gemm.BLOCK_N} tile, "
                    f"K walked {gemm.BLOCK_K} at a time", fontsize=9)  # fmt: skip
-    owned = np.full((gemm.BLOCK_M, gemm.BLOCK_N), np.nan)
-    shown = {0: 0, 1: 1, gemm.THREADS_N: 2, gemm.THREADS - 1: 3}  # thread id -> colour
-    for tid, color in shown.items():
-        tm, tn = (tid // gemm.THREADS_N) * gemm.STRIP, (tid % gemm.THREADS_N) * gemm.STRIP
-        for i in range(gemm.MICRO):
-            for j in range(gemm.MICRO):
-                row = tm + (i // gemm.STRIP) * gemm.HALF + i % gemm.STRIP  # the kernel's store indices
-                col = tn + (j // gemm.STRIP) * gemm.HALF + j % gemm.STRIP
-                owned[row, col] = color
-    colormap = plt.matplotlib.colors.ListedColormap(SEQUENCE_COLORS[:4])
-    tile.imshow(owned, cmap=colormap, vmin=-0.5, vmax=3.5, interpolation="nearest")
+    warps = gemm.THREADS // WARP
+    owned = np.zeros((gemm.BLOCK_M, gemm.BLOCK_N))
+    for warp in range(warps):  # the kernel's warp_m, warp_n
+        warp_m, warp_n = (warp // gemm.WARPS_N) * gemm.WARP_M, (warp % gemm.WARPS_N) * gemm.WARP_N
+        owned[warp_m : warp_m + gemm.WARP_M, warp_n : warp_n + gemm.WARP_N] = warp
+    lane_zero = warps  # its colour: lane 0 of warp 0 (g = t = 0), the epilogue's store indices
+    for mi in range(gemm.TILES_M):
+        for ni in range(gemm.TILES_N):
+            for row in (MMA_M * mi, MMA_M * mi + 8):
+                owned[row, MMA_N * ni : MMA_N * ni + 2] = lane_zero
+    colormap = plt.matplotlib.colors.ListedColormap([*SEQUENCE_COLORS[:warps], "black"])
+    tile.imshow(owned, cmap=colormap, vmin=-0.5, vmax=warps + 0.5, interpolation="nearest")
     tile.set_xlabel("column of the tile")
     tile.set_ylabel("row of the tile")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=SEQUENCE_COLORS[c]) for c in shown.values()]
-    tile.legend(handles, [f"thread {t}" for t in shown], fontsize=7, loc="lower right")
-    tile.set_title(f"The tile: each thread owns {gemm.MICRO} x {gemm.MICRO} outputs, 2 x 2 strips of "
-                   f"{gemm.STRIP},\n{gemm.HALF} rows and columns apart", fontsize=9)  # fmt: skip
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*SEQUENCE_COLORS[:warps], "black")]
+    tile.legend(handles, [*(f"warp {w}" for w in range(warps)), "warp 0, lane 0"], fontsize=6, loc="upper left",
+               bbox_to_anchor=(1.01, 1))  # fmt: skip
+    tile.set_title(f"The tile: each warp owns {gemm.WARP_M} x {gemm.WARP_N} outputs, {gemm.TILES_M} x "
+                   f"{gemm.TILES_N} mma tiles of {MMA_M} x {MMA_N};\na lane holds 4 of each tile (lane 0 in black)",
+                   fontsize=9)  # fmt: skip
     figure.tight_layout()
     return save(figure, figures / "gemm_tiling.png")
 

@@ -1,4 +1,4 @@
-"""The tensor-core kernels (tests/test_mma.py, mma_gemm.py) as the H200 would run them, without a GPU.
+"""The tensor-core kernels (tests/test_mma.py, mma_gemm.py, kernels/gemm.py) as the H200 would run them, without a GPU.
 
     PATH=$CUDA/bin:$PATH LD_LIBRARY_PATH=$CUDA/lib python -m perf.experiments.mma_sass
 
@@ -7,20 +7,28 @@ spills, shared memory), and `nvdisasm` (from the nvidia-cuda-nvdisasm wheel, if 
 prints the SASS lines that show the tensor-core path: HMMA.16816.F32.BF16 (mma.sync),
 LDSM.16.M88.4 (ldmatrix .x4), LDGSTS (cp.async) and its DEPBAR. Run it without
 NUMBA_ENABLE_CUDASIM: under the simulator `mma.py` hands out the Python stand-ins, and there
-is no PTX. It shows what the instructions compile to; only a GPU shows that they compute.
+is no PTX. Without a GPU, Numba's questions to the driver for the current device's compute
+capability (when it compiles a device function, and in `pdl.py`) are answered with sm_90's.
+It shows what the instructions compile to; only a GPU shows that they compute.
 """
 
+import contextlib
 import re
 import shutil
 import subprocess
 import tempfile
+import types as namespaces
 from pathlib import Path
+from unittest import mock
 
+import numba.cuda.api
+import numba.cuda.dispatcher
 from numba import cuda, types
 
 from perf.experiments.mma_gemm import mma_gemm_kernel
 from tests.test_mma import mma_kernel, staged_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
+from tinyvllm.kernels.gemm import gemm_kernel, stage_chunk_async, store_bf16
 
 COMPUTE_CAPABILITY = (9, 0)
 TILE = types.uint16[:, ::1]
@@ -28,14 +36,28 @@ KERNELS = {
     "mma_kernel": (mma_kernel, (TILE, TILE, types.float32[:, ::1], types.float32[:, ::1])),
     "staged_kernel": (staged_kernel, (types.uint16[::1], types.uint16[::1], types.float32[:, ::1])),
     "mma_gemm_kernel": (mma_gemm_kernel, (TILE, TILE, types.float32[:, ::1])),
+    "gemm_kernel": (gemm_kernel(stage_chunk_async, store_bf16), (TILE, TILE, TILE)),
 }
 SASS_OF_INTEREST = re.compile(r"HMMA|LDSM|LDGSTS|DEPBAR")
 PTX_OF_INTEREST = re.compile(r"mma\.sync|ldmatrix|cp\.async")
 
 
+@contextlib.contextmanager
+def _sm90_without_a_gpu():
+    if cuda.is_available():
+        yield
+        return
+    device = namespaces.SimpleNamespace(compute_capability=COMPUTE_CAPABILITY)
+    with contextlib.ExitStack() as patches:
+        for module in (numba.cuda, numba.cuda.api, numba.cuda.dispatcher):
+            patches.enter_context(mock.patch.object(module, "get_current_device", lambda: device))
+        yield
+
+
 def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
     """(PTX, ptxas -v's report, the cubin) of one kernel."""
-    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
+    with _sm90_without_a_gpu():
+        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
     source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
     source.write_text(ptx)
     arch = f"-arch=sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"

@@ -50,6 +50,12 @@ llvmlite `ir.InlineAsm` call puts any PTX instruction in the kernel (numba-cuda'
     thread's committed groups pending. Other threads see the data after the wait and a
     `syncthreads`. Both offsets are multiples of 8 elements (16-byte aligned).
 
+`cp_async_16_zfill(shared, shared_offset, row, row_offset, valid)`
+    The same copy with a source size of 16 bytes if `valid`, else 0: PTX fills the bytes
+    past the source size with zeros, so a chunk past a matrix's edge becomes 8 zeros in
+    the same instruction, read from nowhere. The address must still be formed, so callers
+    pass some row of the matrix (a clamped index) for an invalid chunk.
+
 Alignment: every row address of ldmatrix and both addresses of cp.async are 16-byte
 aligned, so offsets are multiples of 8 and the shared arrays are declared with
 `alignment=SHARED_ALIGNMENT` (Numba aligns a uint16 shared array to 2 bytes otherwise); the
@@ -64,14 +70,15 @@ Under the simulator there is no PTX, and each CUDA thread is a Python thread. Th
 (chosen once at import, `simulator.py` lists them) are plain Python with the same fragment
 layout: a warp's 32 lanes meet in a per-warp exchange (a slot per lane and a
 `threading.Barrier(32)`, one per warp of each simulated block), each lane posts its
-registers (or its row offset), waits for the warp, reads what the hardware would route to
-it, and waits again so the slots are not overwritten before all have read. The simulator has
+registers (or its row offset) and waits for the warp; the last lane to arrive computes what
+the hardware would route to every lane, once for the warp, and each takes its part. The simulator has
 no `syncwarp` and its `syncthreads` would tie the whole block; the barrier ties only the
 warp, as `.sync.aligned` does. The mma stand-in sums the 16 products of each element in
 float64 and rounds once to float32; the tensor core accumulates in float32 with an order and
 rounding PTX does not specify, so results agree to float32 rounding, not bit for bit.
-`cp_async_16` copies at once and the commit and wait do nothing. Every lane of a warp must
-make the same calls (as on the GPU), and a block is a whole number of warps.
+The copies (`cp_async_16`, and `_zfill`'s copy or zeros) happen at once and the commit and
+wait do nothing. Every lane of a warp must make the same calls (as on the GPU), and a block
+is a whole number of warps.
 """
 
 import threading
@@ -89,27 +96,43 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 
 
 class _WarpExchange:
-    """The simulator's stand-in for a warp's register crossbar: a slot per lane, a barrier."""
+    """The simulator's stand-in for a warp's register crossbar: slots for the lanes, a barrier.
+
+    Each lane posts its value and waits; the last to arrive runs `combine` on all 32 values,
+    once for the warp, and each lane leaves with its own element of the result. Two sets of
+    slots alternate, so one barrier a call suffices: a lane can post the next call's value
+    while slower lanes still read this call's results, but not post the one after it until
+    every lane has reached (so has finished reading) the next barrier.
+    """
 
     def __init__(self):
-        self.slots = [None] * WARP
-        self.barrier = threading.Barrier(WARP)
+        self.slots = ([None] * WARP, [None] * WARP)
+        self.combines = [None, None]
+        self.results = [None, None]
+        self.calls_made = [0] * WARP
+        self.calls_combined = 0
+        self.barrier = threading.Barrier(WARP, action=self._combine)
 
-    def swap(self, lane, value):
-        """Post `value` for `lane`; return all 32 lanes' values once the warp has posted."""
-        self.slots[lane] = value
+    def _combine(self):
+        turn = self.calls_combined % 2
+        self.results[turn] = self.combines[turn](self.slots[turn])
+        self.calls_combined += 1
+
+    def exchange(self, lane, value, combine):
+        turn = self.calls_made[lane] % 2
+        self.calls_made[lane] += 1
+        self.slots[turn][lane] = value
+        self.combines[turn] = combine  # the same function from every lane
         self.barrier.wait()
-        values = list(self.slots)
-        self.barrier.wait()
-        return values
+        return self.results[turn][lane]
 
 
 _exchanges = weakref.WeakKeyDictionary()
 _exchanges_lock = threading.Lock()
 
 
-def _warp_swap(value):
-    """`_WarpExchange.swap` for the calling simulated thread's warp; returns (lane, values)."""
+def _warp_exchange(value, combine):
+    """`_WarpExchange.exchange` for the calling simulated thread's warp."""
     thread = threading.current_thread()
     manager = thread._manager  # the simulator's BlockManager: one per block of a launch
     if np.prod(manager._block_dim) % WARP != 0:
@@ -118,25 +141,33 @@ def _warp_swap(value):
     with _exchanges_lock:
         warps = _exchanges.setdefault(manager, {})
         exchange = warps.setdefault(warp, _WarpExchange())
-    return lane, exchange.swap(lane, value)
+    return exchange.exchange(lane, value, combine)
 
 
-def _simulated_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    lane, fragments = _warp_swap((a0, a1, a2, a3, b0, b1))
-    words = np.array(fragments, np.uint32)  # [lane, register]
+_G, _T = np.arange(WARP) // 4, np.arange(WARP) % 4
+"""Each lane's g and t (mma.py's fragment layout)."""
+
+
+def _combined_mma(fragments):
+    """The warp's D fragments from its A, B and C fragments: [lane] -> (d0, d1, d2, d3)."""
+    words = np.array([f[:6] for f in fragments], np.uint32)  # [lane, register]
     low = (words << 16).view(np.float32).astype(np.float64)
     high = (words & 0xFFFF0000).view(np.float32).astype(np.float64)
-    g, t2 = np.arange(WARP) // 4, 2 * (np.arange(WARP) % 4)
+    g, t2 = _G, 2 * _T
     a = np.zeros((MMA_M, MMA_K))
     b = np.zeros((MMA_K, MMA_N))
     for register, (row, column) in enumerate(((g, t2), (g + 8, t2), (g, t2 + 8), (g + 8, t2 + 8))):
         a[row, column], a[row, column + 1] = low[:, register], high[:, register]
     for register, k in enumerate((t2, t2 + 8)):
         b[k, g], b[k + 1, g] = low[:, 4 + register], high[:, 4 + register]
-    g, t = divmod(lane, 4)
-    rows, columns = (g, g, g + 8, g + 8), (2 * t, 2 * t + 1, 2 * t, 2 * t + 1)
-    c = (c0, c1, c2, c3)
-    return tuple(np.float32(a[r] @ b[:, n] + float(c[k])) for k, (r, n) in enumerate(zip(rows, columns, strict=True)))
+    c = np.array([f[6:] for f in fragments], np.float64)  # [lane, accumulator]
+    product = a @ b
+    d = np.stack([product[g, t2], product[g, t2 + 1], product[g + 8, t2], product[g + 8, t2 + 1]], axis=1) + c
+    return [tuple(lane) for lane in d.astype(np.float32)]
+
+
+def _simulated_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return _warp_exchange((a0, a1, a2, a3, b0, b1, float(c0), float(c1), float(c2), float(c3)), _combined_mma)
 
 
 def _check_row_start(offset):
@@ -144,26 +175,33 @@ def _check_row_start(offset):
         raise ValueError(f"offset {offset}: ldmatrix rows and cp.async chunks start on 16 bytes (8 bf16)")
 
 
+def _combined_ldmatrix_x4(requests):
+    """Each lane's four registers from the warp's (shared, row offset) pairs."""
+    shared = requests[0][0]
+    offsets = np.array([offset for _, offset in requests], np.int64)
+    starts = offsets[8 * np.arange(4)[None, :] + _G[:, None]] + 2 * _T[:, None]  # [lane, matrix]
+    words = shared[starts].astype(np.uint32) | (shared[starts + 1].astype(np.uint32) << np.uint32(16))
+    return [tuple(lane) for lane in words]
+
+
 def _simulated_ldmatrix_x4(shared, offset):
     _check_row_start(offset)
-    lane, offsets = _warp_swap(int(offset))
-    g, t = divmod(lane, 4)
-    words = []
-    for matrix in range(4):
-        start = offsets[8 * matrix + g] + 2 * t
-        words.append(np.uint32(int(shared[start]) | (int(shared[start + 1]) << 16)))
-    return tuple(words)
+    return _warp_exchange((shared, int(offset)), _combined_ldmatrix_x4)
+
+
+def _combined_ldmatrix_x4_trans(requests):
+    """Each lane's four registers, each 8x8 matrix transposed: rows 2t, 2t + 1 of column g."""
+    shared = requests[0][0]
+    offsets = np.array([offset for _, offset in requests], np.int64)
+    rows = 8 * np.arange(4)[None, :] + 2 * _T[:, None]  # [lane, matrix]
+    low, high = shared[offsets[rows] + _G[:, None]], shared[offsets[rows + 1] + _G[:, None]]
+    words = low.astype(np.uint32) | (high.astype(np.uint32) << np.uint32(16))
+    return [tuple(lane) for lane in words]
 
 
 def _simulated_ldmatrix_x4_trans(shared, offset):
     _check_row_start(offset)
-    lane, offsets = _warp_swap(int(offset))
-    g, t = divmod(lane, 4)
-    words = []
-    for matrix in range(4):
-        low, high = shared[offsets[8 * matrix + 2 * t] + g], shared[offsets[8 * matrix + 2 * t + 1] + g]
-        words.append(np.uint32(int(low) | (int(high) << 16)))
-    return tuple(words)
+    return _warp_exchange((shared, int(offset)), _combined_ldmatrix_x4_trans)
 
 
 def _simulated_bf16x2(low, high):
@@ -171,10 +209,12 @@ def _simulated_bf16x2(low, high):
 
 
 def _simulated_quad(reduce):
+    def combine(values):
+        quads = np.array(values, np.float64).reshape(WARP // 4, 4)
+        return list(np.repeat(reduce(quads, axis=1), 4).astype(np.float32))
+
     def quad(value):
-        lane, values = _warp_swap(value)
-        first = lane - lane % 4
-        return np.float32(reduce(values[first : first + 4]))
+        return _warp_exchange(float(value), combine)
 
     return quad
 
@@ -184,6 +224,14 @@ def _simulated_cp_async_16(shared, shared_offset, row, row_offset):
     _check_row_start(row_offset)
     for k in range(8):
         shared[shared_offset + k] = row[row_offset + k]
+
+
+def _simulated_cp_async_16_zfill(shared, shared_offset, row, row_offset, valid):
+    if valid:
+        _simulated_cp_async_16(shared, shared_offset, row, row_offset)
+        return
+    _check_row_start(shared_offset)
+    shared[shared_offset : shared_offset + 8] = 0
 
 
 def _simulated_nothing(pending=0):
@@ -208,9 +256,10 @@ def _shuffle_quad_sum(value):
 if SIMULATOR:
     mma_bf16_16816, ldmatrix_x4 = _simulated_mma, _simulated_ldmatrix_x4
     ldmatrix_x4_trans = _simulated_ldmatrix_x4_trans
-    bf16x2, quad_max, quad_sum = _simulated_bf16x2, _simulated_quad(max), _simulated_quad(sum)
-    cp_async_16, cp_async_commit, cp_async_wait = _simulated_cp_async_16, _simulated_nothing, _simulated_nothing
+    bf16x2, quad_max, quad_sum = _simulated_bf16x2, _simulated_quad(np.max), _simulated_quad(np.sum)
+    cp_async_16, cp_async_16_zfill = _simulated_cp_async_16, _simulated_cp_async_16_zfill
+    cp_async_commit, cp_async_wait = _simulated_nothing, _simulated_nothing
 else:
     mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, *_copies = ptx_instructions()
-    cp_async_16, cp_async_commit, cp_async_wait = _copies
+    cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait = _copies
     quad_max, quad_sum = _shuffle_quad_max, _shuffle_quad_sum

@@ -13,8 +13,8 @@ MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
 
 def ptx_instructions():
-    """(mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, cp_async_16, cp_async_commit,
-    cp_async_wait) as Numba intrinsics (their contracts: `mma.py`)."""
+    """(mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, cp_async_16, cp_async_16_zfill,
+    cp_async_commit, cp_async_wait) as Numba intrinsics (their contracts: `mma.py`)."""
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
@@ -99,20 +99,38 @@ def ptx_instructions():
 
         return types.uint32(low, high), codegen
 
+    def copy_addresses(context, builder, sig, args):
+        target = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        source = element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+        return [shared_address(builder, target), global_address(builder, source)]
+
     @intrinsic
     def cp_async_16(typingctx, shared, shared_offset, row, row_offset):
         if not (is_bf16_row(shared) and is_bf16_row(row)):
             return None
 
         def codegen(context, builder, sig, args):
-            target = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            source = element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
             text = "cp.async.cg.shared.global [$0], [$1], 16;"
-            arguments = [shared_address(builder, target), global_address(builder, source)]
+            arguments = copy_addresses(context, builder, sig, args)
             asm_call(builder, ir.VoidType(), [i32, i64], text, "r,l,~{memory}", arguments, True)
             return context.get_dummy_value()
 
         return types.void(shared, shared_offset, row, row_offset), codegen
+
+    @intrinsic
+    def cp_async_16_zfill(typingctx, shared, shared_offset, row, row_offset, valid):
+        if not (is_bf16_row(shared) and is_bf16_row(row) and isinstance(valid, (types.Boolean, types.Integer))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            text = "cp.async.cg.shared.global [$0], [$1], 16, $2;"
+            is_valid = context.cast(builder, args[4], sig.args[4], types.boolean)
+            source_size = builder.select(is_valid, ir.Constant(i32, 16), ir.Constant(i32, 0))
+            arguments = [*copy_addresses(context, builder, sig, args), source_size]
+            asm_call(builder, ir.VoidType(), [i32, i64, i32], text, "r,l,r,~{memory}", arguments, True)
+            return context.get_dummy_value()
+
+        return types.void(shared, shared_offset, row, row_offset, valid), codegen
 
     @intrinsic
     def cp_async_commit(typingctx):
@@ -135,4 +153,4 @@ def ptx_instructions():
         return types.void(pending), codegen
 
     instructions = (mma_bf16_16816, ldmatrix("m8n8.x4"), ldmatrix("m8n8.x4.trans"), bf16x2)
-    return *instructions, cp_async_16, cp_async_commit, cp_async_wait
+    return *instructions, cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait
