@@ -18,7 +18,7 @@ the fragment layouts of `device/mma.py`):
                              P goes in twice: its bf16 rounding, then the rounding's
                              remainder, also in bf16. One bf16 P (FlashAttention-2's choice)
                              moved SmolLM2's prefill attention 2e-3 in norm from the float
-                             reference, ten times the rest of the kernel's error
+                             reference, twenty times the rest of the kernel's error
 
 The tiles reach shared memory by `cp.async`, double-buffered: while a warp multiplies tile
 i, tile i + 1 is in flight. Shared rows are D + 8 elements long, so the 8 rows one ldmatrix
