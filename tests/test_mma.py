@@ -71,6 +71,20 @@ def mma_kernel(a, b, c, d):
 # --8<-- [end:mma-kernel]
 
 
+@cuda.jit(device=True, inline=True)
+def two_tiles_into(d, lane, a, b):
+    """d[16, 16] = A @ B for A's fragment `a` and the b0, b1 fragments of two n8 tiles `b`."""
+    g, t = lane // 4, lane % 4
+    zero = np.float32(0.0)
+    for tile in range(2):
+        d0, d1, d2, d3 = mma_bf16_16816(a[0], a[1], a[2], a[3], b[2 * tile], b[2 * tile + 1], zero, zero, zero, zero)
+        n = 8 * tile + 2 * t
+        d[g, n] = d0
+        d[g, n + 1] = d1
+        d[g + 8, n] = d2
+        d[g + 8, n + 1] = d3
+
+
 @cuda.jit
 def staged_kernel(a, bt, d):
     """a, bt: 16x16 tiles flattened row-major (cp.async takes 1-D rows)."""
@@ -88,16 +102,7 @@ def staged_kernel(a, bt, d):
     matrix, r = lane // 8, lane % 8
     a0, a1, a2, a3 = ldmatrix_x4(a_tile, 16 * (r + 8 * (matrix % 2)) + 8 * (matrix // 2))
     b00, b01, b10, b11 = ldmatrix_x4(bt_tile, 16 * (r + 8 * (matrix // 2)) + 8 * (matrix % 2))
-    g, t = lane // 4, lane % 4
-    zero = np.float32(0.0)
-    for tile in range(2):
-        b0, b1 = (b00, b01) if tile == 0 else (b10, b11)
-        d0, d1, d2, d3 = mma_bf16_16816(a0, a1, a2, a3, b0, b1, zero, zero, zero, zero)
-        n = 8 * tile + 2 * t
-        d[g, n] = d0
-        d[g, n + 1] = d1
-        d[g + 8, n] = d2
-        d[g + 8, n + 1] = d3
+    two_tiles_into(d, lane, (a0, a1, a2, a3), (b00, b01, b10, b11))
 
 
 @cuda.jit
@@ -185,15 +190,7 @@ def chained_kernel(a, bt, v, d):
     s4, s5, s6, s7 = mma_bf16_16816(a0, a1, a2, a3, b10, b11, zero, zero, zero, zero)
     p0, p1, p2, p3 = bf16x2(s0, s1), bf16x2(s2, s3), bf16x2(s4, s5), bf16x2(s6, s7)
     v00, v01, v10, v11 = ldmatrix_x4_trans(tiles, 512 + 16 * (r + 8 * (matrix % 2)) + 8 * (matrix // 2))
-    g, t = lane // 4, lane % 4
-    for tile in range(2):
-        b0, b1 = (v00, v01) if tile == 0 else (v10, v11)
-        d0, d1, d2, d3 = mma_bf16_16816(p0, p1, p2, p3, b0, b1, zero, zero, zero, zero)
-        n = 8 * tile + 2 * t
-        d[g, n] = d0
-        d[g, n + 1] = d1
-        d[g + 8, n] = d2
-        d[g + 8, n + 1] = d3
+    two_tiles_into(d, lane, (p0, p1, p2, p3), (v00, v01, v10, v11))
 
 
 def test_accumulators_feed_the_next_mma_through_a_transposed_load():
