@@ -86,7 +86,7 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
              query, out, maxes, sums)      keys [start, end) of the sequence whose block table
                                            is `table` into the rows' states; row g sees keys
                                            up to position last0, row g + 8 up to last1
-                                           (start < end: the first tile is loaded unasked)
+                                           (start < end: the first tile's copies start before the loop)
         finish(maxes, sums) -> (sum0, sum1)  the rows' whole sums (the quad's lanes added)
 
     `out` is float32[D / 8, 4] (the O accumulators), `maxes` and `sums` float32[2]; the
