@@ -39,7 +39,14 @@ from numba import cuda, float32
 from tinyvllm.kernels.attention_common import block_shift
 from tinyvllm.kernels.attention_decode import WORKSPACE_EXTRA, check_decode, launch_decode, partition_tokens
 from tinyvllm.kernels.attention_split import MAX_PARTITIONS, MERGE_BATCH, MERGE_THREADS, merge_states
-from tinyvllm.kernels.attention_tiles import block_rows, check_head_dim, empty_state, flash_tiles, tile_shape
+from tinyvllm.kernels.attention_tiles import (
+    block_rows,
+    check_head_dim,
+    empty_state,
+    flash_tiles,
+    lane_rows,
+    tile_shape,
+)
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.mma import MMA_K, MMA_N
@@ -82,10 +89,7 @@ def _shared_prefix_kernel(head_dim, group, threads, keys, rows):
         if start >= end:
             return  # a part past the prefix's end: the merge reads only parts with keys
 
-        # the lane's rows g and g + 8 of its warp: sequence row // G, head row % G
-        row = MMA_N * 2 * (cuda.threadIdx.x // 32) + (cuda.threadIdx.x % 32) // 4
-        seq_a, seq_b = seq0 + row // group, seq0 + (row + 8) // group
-        head_a, head_b = kv_head * group + row % group, kv_head * group + (row + 8) % group
+        row, seq_a, head_a, seq_b, head_b = lane_rows(seq0, kv_head, group)
         query = cuda.local.array(query_words, np.uint32)
         acc = cuda.local.array((dim_tiles, 4), float32)
         maxes = cuda.local.array(2, float32)

@@ -27,7 +27,14 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.attention_common import block_shift, check_paged_cache, check_sequences
-from tinyvllm.kernels.attention_tiles import block_rows, check_head_dim, empty_state, flash_tiles, tile_shape
+from tinyvllm.kernels.attention_tiles import (
+    block_rows,
+    check_head_dim,
+    empty_state,
+    flash_tiles,
+    lane_rows,
+    tile_shape,
+)
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.mma import MMA_K, MMA_N
@@ -74,10 +81,7 @@ def _prefill_kernel(head_dim, group, threads, keys, rows):
         past = context_lens[seq] - num_rows
         kv_end = past + min(token0 + units, num_rows)
 
-        # the lane's rows g and g + 8 of its warp: token row // G, head row % G
-        row = MMA_N * 2 * (cuda.threadIdx.x // 32) + (cuda.threadIdx.x % 32) // 4
-        token_a, token_b = token0 + row // group, token0 + (row + 8) // group
-        head_a, head_b = kv_head * group + row % group, kv_head * group + (row + 8) % group
+        row, token_a, head_a, token_b, head_b = lane_rows(token0, kv_head, group)
         last_a = past + min(token_a, num_rows - 1)
         last_b = past + min(token_b, num_rows - 1)
         query = cuda.local.array(query_words, np.uint32)

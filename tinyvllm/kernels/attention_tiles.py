@@ -240,6 +240,15 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
 
 
 @cuda.jit(device=True, inline=True)
+def lane_rows(first_unit, kv_head, group):
+    """This lane's two rows, g and g + 8 of its warp's 16: (the first's row in the block, then
+    for each its unit first_unit + row // G and its query head kv_head * G + row % G)."""
+    row = 2 * MMA_N * (cuda.threadIdx.x // 32) + (cuda.threadIdx.x % 32) // 4
+    unit_a, unit_b = first_unit + row // group, first_unit + (row + 8) // group
+    return row, unit_a, kv_head * group + row % group, unit_b, kv_head * group + (row + 8) % group
+
+
+@cuda.jit(device=True, inline=True)
 def empty_state(out, maxes, sums):
     """O = 0, max = -inf, sum = 0 for both of a lane's rows."""
     for n in range(out.shape[0]):
