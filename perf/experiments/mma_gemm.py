@@ -29,9 +29,10 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.device.checks import check_array
-from tinyvllm.kernels.device.mma import cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.mma import cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import check_rows_of_eight
+from tinyvllm.kernels.gemm import mma_into
 
 TILE = 64
 K_STEP = 16
@@ -40,27 +41,6 @@ ROW_STRIDE = 24
 SHARED_TILE = TILE * ROW_STRIDE
 THREADS = 128
 WARP_TILE = 32
-
-
-@cuda.jit(device=True, inline=True)
-def mma_into(accumulators, mi, ni, a, b0, b1):
-    """accumulators[mi, ni, :] += A tile (registers a) @ B tile (b0, b1)."""
-    d0, d1, d2, d3 = mma_bf16_16816(
-        a[0],
-        a[1],
-        a[2],
-        a[3],
-        b0,
-        b1,
-        accumulators[mi, ni, 0],
-        accumulators[mi, ni, 1],
-        accumulators[mi, ni, 2],
-        accumulators[mi, ni, 3],
-    )
-    accumulators[mi, ni, 0] = d0
-    accumulators[mi, ni, 1] = d1
-    accumulators[mi, ni, 2] = d2
-    accumulators[mi, ni, 3] = d3
 
 
 # --8<-- [start:kernel]

@@ -165,7 +165,7 @@ def stage_chunk_ragged(tiles, offset, array, row, col):
 
 
 @cuda.jit(device=True, inline=True)
-def _mma_into(acc, mi, ni, a, b0, b1):
+def mma_into(acc, mi, ni, a, b0, b1):
     """acc[mi, ni] += the 16 x 16 A fragment a @ the 16 x 8 B fragment (b0, b1)."""
     d0, d1, d2, d3 = mma_bf16_16816(
         a[0], a[1], a[2], a[3], b0, b1, acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
@@ -186,13 +186,13 @@ def _multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n):
     for mi in range(TILES_M):
         if mi < live_m:
             a = ldmatrix_x4(a_tiles, a_offset + mi * MMA_M * ROW_STRIDE)
-            _mma_into(acc, mi, 0, a, b00, b01)
+            mma_into(acc, mi, 0, a, b00, b01)
             if live_n > 1:
-                _mma_into(acc, mi, 1, a, b10, b11)
+                mma_into(acc, mi, 1, a, b10, b11)
             if live_n > 2:
-                _mma_into(acc, mi, 2, a, b20, b21)
+                mma_into(acc, mi, 2, a, b20, b21)
             if live_n > 3:
-                _mma_into(acc, mi, 3, a, b30, b31)
+                mma_into(acc, mi, 3, a, b30, b31)
 
 
 # --8<-- [end:k16]
