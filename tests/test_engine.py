@@ -180,6 +180,11 @@ BAD_REQUESTS = [
     ([1, 2, 3], {"top_k": -2}, "top_k"),
     ([1, 2, 3], {"stop_token_ids": [10**6]}, "stop_token_ids"),
     ([1, 10**6], {}, "prompt"),
+    ([-1, 2], {}, "prompt"),
+    ([1, 2.5], {}, "prompt"),
+    ([1, "2"], {}, "prompt"),
+    ([[1, 2]], {}, "prompt"),
+    ([1, 2**70], {}, "prompt"),
 ]
 
 

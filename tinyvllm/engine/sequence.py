@@ -72,7 +72,7 @@ class Sequence:
         index: int = 0,
     ) -> None:
         """One completion of a request (the `index`-th); a lone sequence is its own group."""
-        token_ids = [int(t) for t in prompt_token_ids]
+        token_ids = list(map(int, prompt_token_ids))
         if not token_ids:
             raise ValueError("prompt_token_ids must hold at least one token")
         self.request_id = request_id
