@@ -16,7 +16,7 @@ Prefill of whole prompts, 1 x 4096 and 16 x 1024 tokens: naive (three kernels th
 2 GB float32 score buffer) against flash prefill; plus a chunked prefill (4 x 512 new
 tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half.
 
-Cascade decode at batch 256 and 64, context 2112 of which the first 2048 tokens are the same
+Cascade decode at batch 256, 192, 128 and 64, context 2112 of which the first 2048 tokens are the same
 blocks in every table: the engine's plain decode (`decode_attention`) against cascade
 attention (`cascade_decode_attention`), and the relative difference of their outputs.
 
@@ -59,6 +59,7 @@ Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 DECODE_BATCHES = (1, 64, 256)
 DECODE_CONTEXTS = (128, 512, 2048, 8192)
 PREFILLS = ((1, 4096, 0), (16, 1024, 0), (4, 512, 1536))
+CASCADE_SEQS = (256, 192, 128, 64)
 """(sequences, new tokens each, cached tokens before them)."""
 PREFILL_SWEEP = ((4, 64), (8, 64), (4, 32), (2, 64))
 """(attention_tiles.WARPS, attention_tiles.MAX_KEYS) variants; the first is the default."""
@@ -243,7 +244,7 @@ def main() -> None:
         else [decode_case(cache, s, c, args.repeats) for s in DECODE_BATCHES for c in DECODE_CONTEXTS]
     )
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
-    cascade = [cascade_case(cache, 256, 2112, 2048, args.repeats), cascade_case(cache, 64, 2112, 2048, args.repeats)]
+    cascade = [cascade_case(cache, seqs, 2112, 2048, args.repeats) for seqs in CASCADE_SEQS]
     variants = sweep(cache, args.repeats) if args.sweep else []
 
     print(f"device copy (read+write): {copy:.2f} TB/s")
