@@ -23,7 +23,7 @@ on every step is a decode step of B sequences. Then:
 With `--prefill P` the script instead times one prefill step of P prompts of `context`
 tokens (as many of them as the step's token budget takes, chunked prefill cutting the
 last): per operator, as above, and its wall time from launch to the sampled token, with
-nothing queued before it.
+nothing queued before it, of which the host's launch (schedule, inputs, kernel launches).
 
 With `--shared-prefix N` every prompt starts with the same N tokens, which the prefix cache
 hands every request as the same blocks; `--cascade` lets decode read them once for all
@@ -221,13 +221,15 @@ def profile_prefill(engine: LLMEngine, num_prompts: int, prompt_len: int, rng) -
     cuda.synchronize()
     start = time.perf_counter()
     engine.step()  # launches the prefill; the next call waits for its token
+    launched = time.perf_counter()
     engine.step()
     cuda.synchronize()
-    wall = (time.perf_counter() - start) * 1e6
+    wall, launch = (time.perf_counter() - start) * 1e6, (launched - start) * 1e6
     drain()
     tokens = min(num_prompts * prompt_len, engine.config.max_num_batched_tokens)
     return {"prompts": num_prompts, "prompt_len": prompt_len, "step_tokens": tokens,
-            "eager_span_us": summary["span_us"], "step_wall_us": wall, "operators": operators}  # fmt: skip
+            "eager_span_us": summary["span_us"], "step_wall_us": wall, "launch_us": launch,
+            "operators": operators}  # fmt: skip
 
 
 def print_operators(operators: list[dict]) -> None:
@@ -264,7 +266,8 @@ def main() -> None:
         run = profile_prefill(engine, args.prefill, args.context, rng)
         print(
             f"\nprefill step of {run['step_tokens']} tokens ({args.prefill} x {args.context}): eager kernels "
-            f"{run['eager_span_us']:.0f} us, step wall {run['step_wall_us']:.0f} us, "
+            f"{run['eager_span_us']:.0f} us, step wall {run['step_wall_us']:.0f} us (host launch "
+            f"{run['launch_us']:.0f} us), "
             f"{run['step_tokens'] / run['step_wall_us'] * 1e6:.0f} tok/s"
         )
         print_operators(run["operators"])
