@@ -59,9 +59,10 @@ Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 DECODE_BATCHES = (1, 64, 256)
 DECODE_CONTEXTS = (128, 512, 2048, 8192)
 PREFILLS = ((1, 4096, 0), (16, 1024, 0), (4, 512, 1536))
-CASCADE_SEQS = (256, 192, 128, 64)
 """(sequences, new tokens each, cached tokens before them)."""
-PREFILL_SWEEP = ((4, 64), (8, 64), (4, 32), (2, 64))
+CASCADE_SEQS = (256, 192, 128, 64)
+"""Decode batches of cascade_case, each sharing 2,048 of 2,112 tokens."""
+PREFILL_SWEEP = ((4, 64), (4, 32), (8, 32), (2, 64))
 """(attention_tiles.WARPS, attention_tiles.MAX_KEYS) variants; the first is the default."""
 DECODE_SWEEP = ((128, 4), (128, 2), (64, 4), (256, 4), (256, 2))
 """(DECODE_THREADS, TOKENS_PER_STEP) variants; the first is the default."""
@@ -210,13 +211,16 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
     return row
 
 
-def sweep(cache: Cache, repeats: int) -> list[dict]:
+def sweep(cache: Cache, repeats: int, prefill_only: bool) -> list[dict]:
     rows = []
     for warps, keys in PREFILL_SWEEP:
         attention_tiles.WARPS, attention_tiles.MAX_KEYS = warps, keys
-        row = prefill_case(cache, 1, 4096, 0, repeats, with_naive=False)
-        rows.append({"kernel": "prefill", "variant": f"warps {warps} keys {keys}"} | row)
+        for num_seqs, new in ((1, 4096), (16, 1024)):
+            row = prefill_case(cache, num_seqs, new, 0, repeats, with_naive=False)
+            rows.append({"kernel": "prefill", "variant": f"warps {warps} keys {keys}"} | row)
     attention_tiles.WARPS, attention_tiles.MAX_KEYS = PREFILL_SWEEP[0]
+    if prefill_only:
+        return rows
     for threads, tokens_per_step in DECODE_SWEEP:
         attention_decode.DECODE_THREADS = threads
         attention_decode.TOKENS_PER_STEP = tokens_per_step
@@ -245,7 +249,7 @@ def main() -> None:
     )
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
     cascade = [cascade_case(cache, seqs, 2112, 2048, args.repeats) for seqs in CASCADE_SEQS]
-    variants = sweep(cache, args.repeats) if args.sweep else []
+    variants = sweep(cache, args.repeats, args.prefill_only) if args.sweep else []
 
     print(f"device copy (read+write): {copy:.2f} TB/s")
     print(
@@ -274,7 +278,8 @@ def main() -> None:
         )
     for r in variants:
         if r["kernel"] == "prefill":
-            print(f"sweep prefill 1x4096 {r['variant']:>32}: {r['flash_ms']:.3f} ms {r['flash_tflops']:.2f} TFLOP/s")
+            shape, variant = r["shape"], r["variant"]
+            print(f"sweep prefill {shape:>10} {variant:>22}: {r['flash_ms']:.3f} ms {r['flash_tflops']:.2f} TFLOP/s")
         else:
             print(
                 f"sweep decode {r['batch']}x{r['context']} {r['variant']:>28}: paged {r['paged_tbps']:.2f} TB/s, "
