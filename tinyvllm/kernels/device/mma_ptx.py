@@ -2,7 +2,7 @@
 
 An `@intrinsic` types a call and hands back a code generator; this one's emits an
 `ir.InlineAsm` call (numba-cuda's own `cache_hints.py` reaches `ld.global.cs` the same way).
-Array arguments arrive as Numba's array structs: `element_pointer` finds the element, and
+Array arguments arrive as Numba's array structs: `element_pointer` (`vector_io.py`) finds the element, and
 `shared_address` and `global_address` turn its generic pointer into the state space the
 instruction names. Every call is `convergent`: a warp-collective instruction that LLVM must
 not move into (or out of) divergent control flow. Imported only on a GPU: under the
@@ -17,8 +17,9 @@ def ptx_instructions():
     cp_async_commit, cp_async_wait) as Numba intrinsics (their contracts: `mma.py`)."""
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
+
+    from tinyvllm.kernels.device.vector_io import element_pointer
 
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     words_type = types.UniTuple(types.uint32, 4)
@@ -26,11 +27,6 @@ def ptx_instructions():
 
     def is_bf16_row(array):
         return isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.uint16
-
-    def element_pointer(context, builder, array_type, array, index_type, index):
-        struct = context.make_array(array_type)(context, builder, value=array)
-        index = context.cast(builder, index, index_type, types.intp)
-        return cgutils.get_item_pointer(context, builder, array_type, struct, [index])
 
     def shared_address(builder, pointer):
         # generic -> .shared: NVPTX emits cvta.to.shared; shared addresses fit 32 bits

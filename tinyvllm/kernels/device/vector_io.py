@@ -34,10 +34,19 @@ ALIGNMENT_BYTES = 16
 BF16_NAN_PAIR = 0x7FC07FC0
 
 
+def element_pointer(context, builder, array_type, array, index_type, index):
+    """Code generation: the LLVM pointer to array[index] of a 1-D Numba array (its struct)."""
+    from numba import types
+    from numba.cuda import cgutils
+
+    struct = context.make_array(array_type)(context, builder, value=array)
+    index = context.cast(builder, index, index_type, types.intp)
+    return cgutils.get_item_pointer(context, builder, array_type, struct, [index])
+
+
 def _wide_intrinsics():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
     words_type = types.UniTuple(types.uint32, 4)
@@ -47,9 +56,7 @@ def _wide_intrinsics():
         return isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C" and row.dtype == types.uint16
 
     def vector_pointer(context, builder, row_type, row, index_type, index):
-        array = context.make_array(row_type)(context, builder, value=row)
-        index = context.cast(builder, index, index_type, types.intp)
-        element = cgutils.get_item_pointer(context, builder, row_type, array, [index])
+        element = element_pointer(context, builder, row_type, row, index_type, index)
         return builder.bitcast(element, vector_type.as_pointer())
 
     # --8<-- [start:load-words]
