@@ -81,6 +81,7 @@ for stage in $stages; do
       run python3 -m perf.profile_step --model llama-1b
       cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json
       run python3 -m perf.profile_step --model smollm2 --batches 1 64
+      run python3 -m perf.profile_prefill
       run python3 -m perf.timeline_step ;;
     serve)
       run python3 -m perf.bench_serve ;;

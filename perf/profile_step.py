@@ -20,11 +20,6 @@ on every step is a decode step of B sequences. Then:
   for the step before, as far as it fits. Issue bar: <= 300 us at batch 256. Then a
   cProfile of the same steps names the host functions that take the time.
 
-With `--prefill P` the script instead times one prefill step of P prompts of `context`
-tokens (as many of them as the step's token budget takes, chunked prefill cutting the
-last): per operator, as above, and its wall time from launch to the sampled token, with
-nothing queued before it, of which the host's launch (schedule, inputs, kernel launches).
-
 With `--shared-prefix N` every prompt starts with the same N tokens, which the prefix cache
 hands every request as the same blocks; `--cascade` lets decode read them once for all
 sequences (`disable_cascade_attn=False`). Results: perf/results/profile_step.json.
@@ -143,11 +138,11 @@ def step_wall_us(engine: LLMEngine) -> float:
     return statistics.median(times)
 
 
-def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
-    """cProfile of REPEATS engine steps: the functions with the most time of their own."""
+def host_functions(engine: LLMEngine, top: int = 15, steps: int = REPEATS) -> list[dict]:
+    """cProfile of `steps` engine steps: the functions with the most time of their own."""
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(REPEATS):
+    for _ in range(steps):
         engine.step()
     profiler.disable()
     stats = pstats.Stats(profiler).stats
@@ -155,12 +150,21 @@ def host_functions(engine: LLMEngine, top: int = 15) -> list[dict]:
     return [
         {
             "function": f"{Path(file).name}:{line}({name})",
-            "calls_per_step": calls / REPEATS,
-            "own_us_per_step": own * 1e6 / REPEATS,
-            "total_us_per_step": total * 1e6 / REPEATS,
+            "calls_per_step": calls / steps,
+            "own_us_per_step": own * 1e6 / steps,
+            "total_us_per_step": total * 1e6 / steps,
         }
         for (file, line, name), (_, calls, own, total, _) in rows
     ]
+
+
+def print_host_functions(rows: list[dict]) -> None:
+    print(f"{'host function (cProfile, per step)':<58} {'calls':>7} {'own us':>8} {'total us':>9}")
+    for row in rows:
+        print(
+            f"{row['function'][:58]:<58} {row['calls_per_step']:>7.1f} {row['own_us_per_step']:>8.1f} "
+            f"{row['total_us_per_step']:>9.1f}"
+        )
 
 
 def run_prefills(engine: LLMEngine) -> None:
@@ -199,39 +203,6 @@ def profile_batch(engine: LLMEngine, batch_size: int, context: int, shared_prefi
     }
 
 
-def profile_prefill(engine: LLMEngine, num_prompts: int, prompt_len: int, rng) -> dict:
-    """One prefill step of num_prompts fresh prompts (a first set warms up the shapes)."""
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    vocab = engine.config.vocab_size
-
-    def admit() -> None:
-        for _ in range(num_prompts):
-            engine.add_request(rng.integers(0, vocab, prompt_len).tolist(), params, final_only=True)
-
-    def drain() -> None:
-        while engine.has_unfinished_requests():
-            engine.step()
-
-    admit()
-    drain()
-    admit()
-    summary, operators = operator_times(engine)
-    drain()
-    admit()
-    cuda.synchronize()
-    start = time.perf_counter()
-    engine.step()  # launches the prefill; the next call waits for its token
-    launched = time.perf_counter()
-    engine.step()
-    cuda.synchronize()
-    wall, launch = (time.perf_counter() - start) * 1e6, (launched - start) * 1e6
-    drain()
-    tokens = min(num_prompts * prompt_len, engine.config.max_num_batched_tokens)
-    return {"prompts": num_prompts, "prompt_len": prompt_len, "step_tokens": tokens,
-            "eager_span_us": summary["span_us"], "step_wall_us": wall, "launch_us": launch,
-            "operators": operators}  # fmt: skip
-
-
 def print_operators(operators: list[dict]) -> None:
     kernel_total = sum(op["total_us"] for op in operators)
     print(f"{'operator':<24} {'calls':>5} {'total us':>9} {'us/call':>8} {'share':>6}")
@@ -250,30 +221,17 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=20000)
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
     parser.add_argument("--cascade", action="store_true", help="decode reads the shared prefix once for all")
-    parser.add_argument("--prefill", type=int, metavar="P", help="time one prefill step of P prompts instead")
     args = parser.parse_args()
 
     if not 0 <= args.shared_prefix < args.context:
         parser.error(f"--shared-prefix must be 0 to --context - 1 ({args.context - 1}), got {args.shared_prefix}")
     engine = LLMEngine(
         model_dir(args.model),
-        max_model_len=None if args.prefill else max(2048, args.context + 5 * REPEATS + 8),  # None: the model's
+        max_model_len=max(2048, args.context + 5 * REPEATS + 8),
         num_blocks=args.num_blocks,
         disable_cascade_attn=not args.cascade,
     )
     rng = np.random.default_rng(0)
-    if args.prefill:
-        run = profile_prefill(engine, args.prefill, args.context, rng)
-        print(
-            f"\nprefill step of {run['step_tokens']} tokens ({args.prefill} x {args.context}): eager kernels "
-            f"{run['eager_span_us']:.0f} us, step wall {run['step_wall_us']:.0f} us (host launch "
-            f"{run['launch_us']:.0f} us), "
-            f"{run['step_tokens'] / run['step_wall_us'] * 1e6:.0f} tok/s"
-        )
-        print_operators(run["operators"])
-        RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "prefill": run}, indent=2) + "\n")
-        print(f"wrote {RESULTS}")
-        return
     runs = [profile_batch(engine, batch, args.context, args.shared_prefix, rng) for batch in args.batches]
     for run in runs:
         print(
@@ -283,12 +241,7 @@ def main() -> None:
             f"{run['host_overhead_us']:.0f} us"
         )
         print_operators(run["operators"])
-        print(f"{'host function (cProfile, per step)':<58} {'calls':>7} {'own us':>8} {'total us':>9}")
-        for row in run["host_functions"]:
-            print(
-                f"{row['function'][:58]:<58} {row['calls_per_step']:>7.1f} {row['own_us_per_step']:>8.1f} "
-                f"{row['total_us_per_step']:>9.1f}"
-            )
+        print_host_functions(run["host_functions"])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result_header() | {"model": args.model, "runs": runs}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
