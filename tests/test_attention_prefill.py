@@ -102,6 +102,17 @@ def test_block_shapes():
             assert relative_error(run_prefill(batch, 2), expected) <= BF16_TOLERANCE
 
 
+def test_a_tile_of_fewer_chunks_than_threads():
+    """At D = 16 a 16-key tile is 32 chunks of 8 elements, fewer than 2 warps' 64 threads: the
+    copy rounds leave the extra threads idle."""
+    rng = np.random.default_rng(5)
+    batch = paged_batch(rng, [5, 3], [20, 3], 2, 2, 16, 4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_tiles, "WARPS", 2)
+        patch.setattr(attention_tiles, "MAX_KEYS", 16)
+        assert relative_error(run_prefill(batch, 2), batch.expected()) <= BF16_TOLERANCE
+
+
 def _arguments():
     rng = np.random.default_rng(3)
     batch = paged_batch(rng, [3, 2], [5, 6], 2, 2, 16, 4)

@@ -26,8 +26,8 @@ reads start in 8 different 16-byte bank groups. A key past the range is loaded f
 range's last key (finite: a poisoned cache row would make 0 x NaN = NaN in the product) and
 its score is masked to -inf. Scores are in base 2 (`attention_common`).
 
-Registers a lane: Q D / 4 words, S keys / 2 and O D / 2 floats: 16 + 32 + 32 at D = 64.
-Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 36 KB at D = 64 and 64 keys.
+Registers a lane: Q D / 4 words, S keys / 2 and O D / 2 floats: 16 + 16 + 32 at D = 64.
+Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 18 KB at D = 64 and 32 keys.
 """
 
 import functools
@@ -54,10 +54,13 @@ from tinyvllm.kernels.device.mma import (
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, low_half
 
-WARPS = 4
-MAX_KEYS = 64
+WARPS = 8
+MAX_KEYS = 32
 TILE_ELEMENTS = 4096
-"""keys x D of one staged tile: 64 keys at D = 64, 32 at D = 128 (static shared memory is 48 KB)."""
+"""keys x D of one staged tile at most: 32 keys at D = 64 and 128, 16 at D = 256 (static shared
+memory is 48 KB). Eight warps and 32 keys beat four and 64 on the H200 (0.456 against 0.500 ms
+at 1 x 4,096 tokens, 0.567 against 0.629 at 16 x 1,024: perf/bench_attention.py --sweep,
+2026-12-04): half the score registers a lane, and one staged tile serves twice the rows."""
 PAD = 8
 """Elements after each shared row: D + 8 bf16 is an odd number of 16-byte groups."""
 
@@ -100,7 +103,9 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
     buffers_shape = 2 * tile_elements  # two tiles, one filling while the other is used
     scores_shape = (key_tiles, 4)
     chunks_per_key = head_dim // VECTOR
-    chunks_per_thread = keys * chunks_per_key // threads
+    tile_chunks = keys * chunks_per_key
+    chunks_per_thread = -(-tile_chunks // threads)
+    whole = tile_chunks % threads == 0  # else (a small D) the last round leaves threads idle
     scale = float32(LOG2_E / math.sqrt(head_dim))
     head_dim_u = np.uint32(head_dim)
 
@@ -126,15 +131,16 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
         block_stride = np.uint64(row_stride) << np.uint64(shift)
         for c in range(chunks_per_thread):
             chunk = np.uint32(cuda.threadIdx.x + c * threads)
-            key = chunk // chunks_per_key
-            column = chunk % chunks_per_key * VECTOR
-            position = min(np.uint32(tile_start) + key, np.uint32(end - 1))
-            offset = np.uint64(table[position >> shift]) * block_stride + np.uint64(
-                (position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column
-            )
-            target = base + key * stride + column
-            cp_async_16(k_tiles, target, k_flat, offset)
-            cp_async_16(v_tiles, target, v_flat, offset)
+            if whole or chunk < tile_chunks:
+                key = chunk // chunks_per_key
+                column = chunk % chunks_per_key * VECTOR
+                position = min(np.uint32(tile_start) + key, np.uint32(end - 1))
+                offset = np.uint64(table[position >> shift]) * block_stride + np.uint64(
+                    (position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column
+                )
+                target = base + key * stride + column
+                cp_async_16(k_tiles, target, k_flat, offset)
+                cp_async_16(v_tiles, target, v_flat, offset)
         cp_async_commit()
 
     @cuda.jit(device=True, inline=True)
