@@ -33,6 +33,7 @@ from numba import cuda
 
 from tinyvllm.hardware import has_cuda_gpu
 from tinyvllm.kernels.device.simulator import SIMULATOR
+from tinyvllm.kernels.device.vector_io import data_address
 from tinyvllm.kernels.gemm import check_linear
 
 CUBLAS_OP_N = 0
@@ -103,7 +104,7 @@ class _Cublas:
     def use_stream(self, stream: int) -> None:
         if stream != self.stream:
             self.call("cublasSetStream_v2", self.handle, stream)
-            self.call("cublasSetWorkspace_v2", self.handle, data_pointer(self.workspace), WORKSPACE_BYTES)
+            self.call("cublasSetWorkspace_v2", self.handle, data_address(self.workspace), WORKSPACE_BYTES)
             self.stream = stream
 
     # --8<-- [end:stream]
@@ -114,10 +115,6 @@ def _cublas() -> _Cublas:
     if not available():
         raise RuntimeError("cuBLAS needs a CUDA GPU and CuPy (pip install tinyvllm[cuda12] or [cuda13])")
     return _Cublas()
-
-
-def data_pointer(array) -> int:
-    return array.__cuda_array_interface__["data"][0]
 
 
 def stream_pointer(stream) -> int:
@@ -141,14 +138,14 @@ def cublas_gemm(x, weight, out, *, accumulate: bool = False, stream=0) -> None:
         m,
         k,
         ctypes.byref(_ONE),
-        data_pointer(weight),
+        data_address(weight),
         CUDA_R_16BF,
         k,
-        data_pointer(x),
+        data_address(x),
         CUDA_R_16BF,
         k,
         ctypes.byref(_ONE if accumulate else _ZERO),
-        data_pointer(out),
+        data_address(out),
         OUTPUT_TYPES[np.dtype(out.dtype)],
         n,
         CUBLAS_COMPUTE_32F,

@@ -186,7 +186,12 @@ def store_bf16x8(row, index, values):
 
 
 def data_address(array) -> int:
-    """The address of element 0: device arrays through the CUDA array interface, NumPy through its own."""
+    """The address of element 0: a Numba device array's own pointer (its CUDA array interface
+    builds a dict on every call, and a prefill step asks hundreds of times), other device
+    arrays through the CUDA array interface, NumPy through its own."""
+    pointer = getattr(array, "device_ctypes_pointer", None)
+    if pointer is not None:
+        return pointer.value or 0
     interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
     return interface["data"][0]
 
