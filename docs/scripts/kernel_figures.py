@@ -10,7 +10,6 @@ from timelines import save  # it also makes matplotlib headless (Agg)
 
 COPY_CEILING_TBPS = 4.25  # the H200's device-to-device copy, DESIGN.md
 CUBLAS_TFLOPS = 787  # cuBLAS bf16 at 8192^3 on the H200 (docs/performance.md, the ceilings)
-FP32_TFLOPS = 67  # the FP32 units, the tiled Numba GEMM's ceiling
 VARIANT_COLORS = {"cublas": "#555555", "tiled": "#e67e22", "gemv": "#2980b9", "paged": "#2980b9",
                   "split": "#e67e22", "auto": "#27ae60", "flash": "#2980b9", "naive": "#999999"}  # fmt: skip
 
@@ -82,9 +81,9 @@ def roofline(data: dict, figures: Path) -> str:
     """Each product's achieved TFLOP/s against its FLOP per byte, under the H200's two roofs."""
     figure, axis = plt.subplots(figsize=(7, 4))
     intensity = np.logspace(-0.5, 3.6, 200)
-    for label, peak, style in (("cuBLAS bf16 peak", CUBLAS_TFLOPS, "-"), ("FP32 units", FP32_TFLOPS, "--")):
-        axis.plot(intensity, np.minimum(COPY_CEILING_TBPS * intensity, peak), color="black", linestyle=style,
-                  linewidth=1, label=f"roof: {COPY_CEILING_TBPS} TB/s x intensity, {label} {peak} TFLOP/s")  # fmt: skip
+    roof = f"roof: {COPY_CEILING_TBPS} TB/s x intensity, cuBLAS bf16 peak {CUBLAS_TFLOPS} TFLOP/s"
+    ceiling = np.minimum(COPY_CEILING_TBPS * intensity, CUBLAS_TFLOPS)
+    axis.plot(intensity, ceiling, color="black", linewidth=1, label=roof)
     for variant in ("cublas", "tiled", "gemv"):
         points = [(r["tflops"] / r["tbps"], r["tflops"]) for r in data["results"] if r["variant"] == variant]
         if points:
