@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=1024)
-    parser.add_argument("--num-blocks", type=int, default=20000)
+    parser.add_argument("--num-blocks", type=int, help="KV blocks; default: sized from free memory")
     args = parser.parse_args()
 
     engine = LLMEngine(model_dir(args.model), num_blocks=args.num_blocks)
