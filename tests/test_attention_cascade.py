@@ -18,7 +18,6 @@ from tinyvllm.kernels.attention_cascade import (
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS, split_decode_attention
 from tinyvllm.kernels.reference import to_bf16
 
-WARPS = attention_tiles.WARPS
 """The GPU's warps a block of the shared kernel, before the fixture below shrinks it."""
 
 
@@ -136,11 +135,11 @@ def test_shared_partitions_fill_the_grid(num_seqs, num_kv_heads, group, head_dim
 
 
 def test_shared_partitions_on_the_h200():
-    """Llama 3.2 1B (32 q, 8 kv heads, D 64) at batch 256: 16 sequences a block, 128 blocks a
-    part, 4 parts fill the 528 blocks the H200 holds."""
+    """Llama 3.2 1B (32 q, 8 kv heads, D 64) at batch 256, eight warps a block: 32 sequences a
+    block, 64 blocks a part, 8 parts fill the 528 blocks the H200 holds."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention_tiles, "WARPS", WARPS)
-        assert cascade_shared_partitions(256, 8, 4, 64, BLOCKS_PER_SM * 132) == 4
+        patch.setattr(attention_tiles, "WARPS", 8)
+        assert cascade_shared_partitions(256, 8, 4, 64, BLOCKS_PER_SM * 132) == 8
         assert cascade_shared_partitions(1, 8, 4, 64, BLOCKS_PER_SM * 132) == MAX_PARTITIONS
 
 

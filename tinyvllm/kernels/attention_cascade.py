@@ -25,8 +25,8 @@ the shared kernel, (sequence, head) major.
 Work split of the shared kernel: one block per (KV head, tile of ROWS / G sequences, part of
 the prefix). A CUDA graph replays the call with other lengths, so the grid depends on shapes
 only; each block cuts the prefix from the length it finds on the device into gridDim.z parts
-of whole tiles, and a part past its end returns at once. With S = 256, Hkv = 8 and 16
-sequences a block, 128 blocks a part: `cascade_shared_partitions` cuts the prefix into
+of whole tiles, and a part past its end returns at once. With S = 256, Hkv = 8 and 32
+sequences a block (eight warps, G = 4), 64 blocks a part: `cascade_shared_partitions` cuts the prefix into
 enough parts to fill the GPU.
 """
 
