@@ -18,9 +18,6 @@ from tinyvllm.kernels.attention_cascade import (
 from tinyvllm.kernels.attention_split import BLOCKS_PER_SM, MAX_PARTITIONS, split_decode_attention
 from tinyvllm.kernels.reference import to_bf16
 
-"""The GPU's warps a block of the shared kernel, before the fixture below shrinks it."""
-
-
 MAX_SHARED_BLOCKS = pick(3, 160)
 
 
