@@ -36,7 +36,7 @@ def layout(shape: GemmShape) -> Layout:
 LAYOUTS = {
     "padded": layout(GemmShape()),
     "swizzled": layout(GemmShape(swizzle=True)),
-    "k64-swizzled": (8, 64, 0, 7),  # 128-byte rows: a GemmShape only with dynamic shared memory (> 48 KB)
+    "k64-swizzled": layout(GemmShape(block_k=64, swizzle=True)),
 }
 
 
@@ -91,10 +91,11 @@ def test_grouped_block_order_covers_the_grid_once(blocks_m, blocks_n, group_m):
     assert grid(GemmShape(group_m=group_m), blocks_m * 128, blocks_n * 128) == (blocks_m * blocks_n,)
 
 
-def test_shapes_past_static_shared_memory_are_refused():
+def test_shapes_past_static_shared_memory_are_dynamic_up_to_the_limit():
     assert GemmShape(swizzle=True, stages=3).shared_bytes == STATIC_SHARED_BYTES
+    assert GemmShape(stages=3).dynamic_bytes == 60 * 1024  # padded rows: past static shared memory
     with pytest.raises(ValueError, match="shared memory"):
-        GemmShape(stages=3)  # padded rows: 60 KB
+        GemmShape(block_n=256, block_k=64, swizzle=True, stages=5)  # 240 KB
     with pytest.raises(ValueError, match="uniform"):
         GemmShape(double_buffer=True)
 
@@ -119,12 +120,12 @@ def check(shape, m, n, k, out_dtype=np.uint16, seed=0):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_matches_reference(name):
-    """72 x 72 x 40: warp 0's piece wholly inside Y (its first slice branch-free), the others cut
-    by M or N, the second slice of K partial."""
-    check(VARIANTS[name], 72, 72, 40)
+    """72 x 72 x (block_k + 8): warp 0's piece wholly inside Y (its first slice branch-free), the
+    others cut by M or N, the second slice of K partial."""
+    check(VARIANTS[name], 72, 72, VARIANTS[name].block_k + 8)
 
 
-@pytest.mark.parametrize("name", ["swizzle3_raster8_packed", "wide_packed"])
+@pytest.mark.parametrize("name", ["swizzle3_raster8_packed", "wide_packed", "swizzle4_raster8_packed"])
 def test_variant_at_a_tile_multiple_float32_out(name):
     """One whole 128 x block_n tile, every warp branch-free, three slices: the pipeline's
     stages all used; float32 out (no packing)."""

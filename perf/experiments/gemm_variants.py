@@ -43,7 +43,7 @@ VARIANTS = {
     "uniform": GemmShape(uniform=True),
     "swizzle2": GemmShape(swizzle=True, uniform=True),
     "swizzle3": GemmShape(swizzle=True, stages=3, uniform=True),
-    "swizzle3_dbuf": GemmShape(swizzle=True, stages=3, uniform=True, double_buffer=True, blocks_per_sm=1),
+    "swizzle3_dbuf": GemmShape(swizzle=True, stages=3, uniform=True, double_buffer=True),
     "swizzle3_raster8": GemmShape(swizzle=True, stages=3, uniform=True, group_m=8),
     "swizzle3_packed": GemmShape(swizzle=True, stages=3, uniform=True, packed=True),
     "swizzle3_raster8_packed": GemmShape(swizzle=True, stages=3, uniform=True, group_m=8, packed=True),
@@ -51,6 +51,18 @@ VARIANTS = {
     "wide_raster8_packed": GemmShape(block_n=256, swizzle=True, uniform=True, blocks_per_sm=1, group_m=8, packed=True),
     "wide_dbuf_raster8_packed": GemmShape(
         block_n=256, swizzle=True, uniform=True, double_buffer=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    # past 48 KB: dynamic shared memory (gemm_tiles.allow_dynamic_shared)
+    "swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True),
+    "swizzle4_dbuf_raster8_packed": GemmShape(
+        swizzle=True, stages=4, uniform=True, double_buffer=True, group_m=8, packed=True
+    ),
+    "k64_swizzle3_raster8_packed": GemmShape(block_k=64, swizzle=True, stages=3, uniform=True, group_m=8, packed=True),
+    "wide3_raster8_packed": GemmShape(
+        block_n=256, swizzle=True, stages=3, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    "wide4_raster8_packed": GemmShape(
+        block_n=256, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
     ),
 }
 """Name -> shape; `baseline` is the library's GEMM_SHAPE (gemm_tiles.py: what each field changes).
@@ -136,7 +148,7 @@ def kernel_resources(shape: GemmShape, out_dtype) -> dict:
 
 
 HEADER = (
-    f"{'variant':<26} {'shape':<13} {'M':>5} {'N':>6} {'K':>5} {'us':>9} {'TFLOP/s':>8} {'vs cuBLAS':>9} {'rel err':>8}"
+    f"{'variant':<30} {'shape':<13} {'M':>5} {'N':>6} {'K':>5} {'us':>9} {'TFLOP/s':>8} {'vs cuBLAS':>9} {'rel err':>8}"
 )
 
 
@@ -179,12 +191,12 @@ def measure_shape(names: list[str], problem: tuple, repeats: int, quick: bool, f
             wall_ms = (time.perf_counter() - started) * 1e3
         except FAILURES as error:
             failed[name] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-            print(f"{name:<26} {label:<13} FAILED to compile or launch, skipped: {failed[name]}")
+            print(f"{name:<30} {label:<13} FAILED to compile or launch, skipped: {failed[name]}")
             continue
         error = relative_error(checked_rows(out), truth)
         if not error < ERROR_BAR:
             failed[name] = f"relative error {error:.2e} on {label}"
-            print(f"{name:<26} {label:<13} WRONG (relative error {error:.2e}), skipped")
+            print(f"{name:<30} {label:<13} WRONG (relative error {error:.2e}), skipped")
             continue
         # the simulator's one run (its wall clock) stands in for a timing
         ms = wall_ms if SIMULATOR else milliseconds(lambda shape=shape: gemm(x, weight, out, shape=shape), repeats)
@@ -221,7 +233,7 @@ def row(variant, label, m, n, k, out_dtype, ms, vs_cublas, error, resources=None
 def print_row(r: dict) -> None:
     speed = f"{r['vs_cublas']:>9.2f}" if r["vs_cublas"] is not None else f"{'-':>9}"
     print(
-        f"{r['variant']:<26} {r['shape']:<13} {r['m']:>5} {r['n']:>6} {r['k']:>5} {r['median_us']:>9.1f} "
+        f"{r['variant']:<30} {r['shape']:<13} {r['m']:>5} {r['n']:>6} {r['k']:>5} {r['median_us']:>9.1f} "
         f"{r['tflops']:>8.1f} {speed} {r['relative_error']:>8.1e}"
     )
 
@@ -241,12 +253,13 @@ def ptxas_report(names: list[str]) -> None:
                 try:
                     _, report, _ = compile_for_sm90(kernel, (tile, tile, out_type), Path(folder))
                 except FAILURES as error:
-                    print(f"{name:<26} {label:<6} FAILED: {error}")
+                    print(f"{name:<30} {label:<6} FAILED: {error}")
                     continue
             lines = [
                 line.split(":", 1)[-1].strip() for line in report.splitlines() if "Used" in line or "spill" in line
             ]
-            print(f"{name:<26} {label:<6} {' | '.join(lines)}")
+            dynamic = f" | {shape.dynamic_bytes} bytes dynamic smem" if shape.dynamic_bytes else ""
+            print(f"{name:<30} {label:<6} {' | '.join(lines)}{dynamic}")
 
 
 def main() -> None:

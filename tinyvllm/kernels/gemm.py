@@ -42,6 +42,7 @@ lane is a Python thread) does not multiply zeros.
 
 import functools
 
+import numba
 import numpy as np
 from numba import cuda, float32
 
@@ -59,9 +60,9 @@ from tinyvllm.kernels.device.mma import (
     ldmatrix_x4,
 )
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
+from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import ALIGNMENT_BYTES, VECTOR, data_address
-from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, grid, mma_into, store_bf16x2
+from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into, store_bf16x2
 
 BLOCK_M, THREADS, TILES_M = tiles.BLOCK_M, tiles.THREADS, tiles.TILES_M
 BLOCK_N, BLOCK_K, STAGES = GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.stages
@@ -185,9 +186,8 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     block_n, block_k, stages, row_stride = shape.block_n, shape.block_k, shape.stages, shape.row_stride
     stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
     shift, mask, tiles_n, warp_n_size = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n, shape.warp_n
-    pending, uniform, group_m = stages - 2, shape.uniform, max(shape.group_m, 1)
-    grouped = shape.group_m > 0
-    a_elements, b_elements = stages * stage_a, stages * stage_b  # constants: shared array sizes must be
+    pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
+    shared_tiles, b_start = tiles.shared_tiles(shape)
     columns = 2 if store is store_bf16x2 else 1  # outputs per element of out
     store_pair = tiles.pair_store(store)
     multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
@@ -203,14 +203,14 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         for p in range(block_n // rows_per_pass):
             row = copy_row + p * rows_per_pass
             slot = tiles.chunk_slot_device(row, copy_chunk, shift, mask)
-            stage_chunk(b_tiles, stage * stage_b + row * row_stride + slot * VECTOR, weight, n0 + row, k0 + col)
+            offset = b_start + stage * stage_b + row * row_stride + slot * VECTOR
+            stage_chunk(b_tiles, offset, weight, n0 + row, k0 + col)
 
     @cuda.jit(**launch_bounds(THREADS, shape.blocks_per_sm))
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
-        a_tiles = cuda.shared.array(a_elements, np.uint16, alignment=SHARED_ALIGNMENT)
-        b_tiles = cuda.shared.array(b_elements, np.uint16, alignment=SHARED_ALIGNMENT)
+        a_tiles, b_tiles = shared_tiles()
         acc = cuda.local.array((TILES_M, tiles_n, 4), float32)
         for mi in range(TILES_M):
             for ni in range(tiles_n):
@@ -257,11 +257,10 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
             ahead = step + stages - 1
             if ahead < num_steps:
-                k0 = ahead * block_k
-                stage_slices(a_tiles, b_tiles, ahead % stages, x, weight, m0, n0, k0, copy_row, copy_chunk)
+                stage_slices(a_tiles, b_tiles, ahead % stages, x, weight, m0, n0, ahead * block_k, copy_row, copy_chunk)
             cp_async_commit()
             stage = step % stages
-            a_base, b_base = stage * stage_a + a_lane, stage * stage_b + b_lane
+            a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
             if interior and (step + 1) * block_k <= k:
                 multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
             else:
@@ -295,4 +294,6 @@ def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape
     if shape.packed and store is store_bf16 and n % 2 == 0 and data_address(out) % 4 == 0:
         store, out = store_bf16x2, out.view(np.uint32)
     kernel = gemm_kernel(stage_chunk, store, shape)
-    kernel[grid(shape, m, n), THREADS, stream](x, weight, out)
+    if shape.dynamic_bytes and not SIMULATOR:
+        allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)
+    kernel[grid(shape, m, n), THREADS, stream, shape.dynamic_bytes](x, weight, out)

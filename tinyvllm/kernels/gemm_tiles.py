@@ -31,19 +31,24 @@ consecutive rows (8 first rows of each 8x8 matrix, a multiple of 8 apart): unswi
 fall on 2 groups, a 4-way conflict. Stored at slot c ^ ((r >> 1) % 4), the 8 rows land on
 4 (r % 2) + (c ^ (r >> 1) % 4): all 8 groups. The copies (8 threads a 16-byte phase: rows
 2i, 2i + 1, chunks 0..3 each) keep all 8 groups too, XOR by one value being a permutation
-of the 4 chunks. For BLOCK_K = 64 (8 chunks, 128 bytes a row) the map is c ^ (r % 8), but no such shape
-fits 48 KB (two stages of 128 x 128 x 64 are 64 KB): it would need dynamic shared memory and
-the driver's opt-in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and `__post_init__`
-refuses it.
+of the 4 chunks. For BLOCK_K = 64 (8 chunks, 128 bytes a row) the map is c ^ (r % 8).
+
+Shared memory past 48 KB (4 stages of 128 x 128 x 32, 3 of 128 x 256 x 32, any BLOCK_K = 64)
+is dynamic: one array holding X's stages, then W's, sized at launch, which the driver allows
+only after cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). numba-cuda
+has no method for it; `allow_dynamic_shared` makes the call the way numba-cuda's own
+`set_shared_memory_carveout` makes its own, on the compiled kernel's `library.get_cufunc()`.
 `tests/test_gemm_variants.py` checks both claims by counting banks.
 """
 
 import dataclasses
 import functools
 
-from numba import cuda
+import numpy as np
+from numba import cuda, uint16
 
 from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, bf16x2, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
 
 BLOCK_M = 128
@@ -52,7 +57,10 @@ THREADS = WARP * WARPS_M * WARPS_N
 WARP_M = BLOCK_M // WARPS_M
 TILES_M = WARP_M // MMA_M
 STATIC_SHARED_BYTES = 48 * 1024
-"""Static shared memory a block may declare (more needs dynamic shared memory and an opt-in)."""
+"""Static shared memory a block may declare; past it a shape's tiles are dynamic shared memory,
+which the kernel must opt in to (`allow_dynamic_shared`)."""
+MAX_SHARED_BYTES = 227 * 1024
+"""The most shared memory a block may opt in to on sm_90 (and sm_80: 163 KB there)."""
 BANK_GROUPS = 8
 """16-byte chunks per 128 bytes of shared memory: 32 banks of 4 bytes."""
 
@@ -76,8 +84,8 @@ class GemmShape:
             raise ValueError(f"{self}: block_n 128 or 256, block_k 32 or 64, stages >= 2")
         if self.double_buffer and not self.uniform:
             raise ValueError(f"{self}: double_buffer applies to the branch-free (uniform) path")
-        if self.shared_bytes > STATIC_SHARED_BYTES:
-            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory, more than {STATIC_SHARED_BYTES}")
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory, more than {MAX_SHARED_BYTES}")
 
     @property
     def warp_n(self) -> int:
@@ -109,6 +117,11 @@ class GemmShape:
     @property
     def shared_bytes(self) -> int:
         return 2 * self.stages * (self.stage_a + self.stage_b)
+
+    @property
+    def dynamic_bytes(self) -> int:
+        """Dynamic shared memory a block launches with: the tiles past 48 KB, else none."""
+        return self.shared_bytes if self.shared_bytes > STATIC_SHARED_BYTES else 0
 
     @property
     def rows_per_pass(self) -> int:
@@ -170,6 +183,41 @@ def grouped_tile(block, blocks_m, blocks_n, group_m):
     rows = min(blocks_m - first, group_m)
     within = block - group * per_group
     return first + within % rows, within // rows
+
+
+@functools.cache
+def shared_tiles(shape: GemmShape):
+    """(a device function returning the shared arrays of X's and W's stages, where W's start
+    in the second): two static arrays, or one dynamic array of X's stages, then W's."""
+    a_elements, b_elements = shape.stages * shape.stage_a, shape.stages * shape.stage_b
+    if shape.dynamic_bytes:
+
+        @cuda.jit(device=True, inline=True)
+        def dynamic_tiles():
+            tiles = cuda.shared.array(0, uint16, alignment=SHARED_ALIGNMENT)  # numba's type: the simulator
+            # sizes a dynamic array by its dtype's itemsize, which numpy's scalar class lacks
+            return tiles, tiles
+
+        return dynamic_tiles, a_elements
+
+    @cuda.jit(device=True, inline=True)
+    def static_tiles():
+        a_tiles = cuda.shared.array(a_elements, np.uint16, alignment=SHARED_ALIGNMENT)
+        return a_tiles, cuda.shared.array(b_elements, np.uint16, alignment=SHARED_ALIGNMENT)
+
+    return static_tiles, 0
+
+
+@functools.cache
+def allow_dynamic_shared(kernel, argument_types: tuple, nbytes: int) -> None:
+    """Let `kernel`, compiled for argument_types (now, if not yet), launch with nbytes of
+    dynamic shared memory on the current device (once per kernel and types: `cache`)."""
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import driver
+
+    cufunc = kernel.compile(argument_types).library.get_cufunc()
+    attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attribute, nbytes, cufunc.handle, cufunc.device.id)
 
 
 def grid(shape: GemmShape, m: int, n: int) -> tuple:
