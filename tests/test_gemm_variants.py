@@ -121,8 +121,10 @@ def check(shape, m, n, k, out_dtype=np.uint16, seed=0):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_matches_reference(name):
     """72 x 72 x (block_k + 8): warp 0's piece wholly inside Y (its first slice branch-free), the
-    others cut by M or N, the second slice of K partial."""
+    others cut by M or N, the second slice of K partial; then 64 x 64 x 64, float32 out: M, N
+    and K whole multiples of the warp's piece and of BLOCK_K (every slice whole)."""
     check(VARIANTS[name], 72, 72, VARIANTS[name].block_k + 8)
+    check(VARIANTS[name], 64, 64, 64, np.float32)
 
 
 @pytest.mark.parametrize("name", ["swizzle3_raster8_packed", "wide_packed", "swizzle4_raster8_packed"])
