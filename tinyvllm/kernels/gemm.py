@@ -21,11 +21,14 @@ its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row; 2 f
 b0, b1 of two n8 tiles each) and issues 16 mmas.
 
 The slices come in by cp.async, global to shared with no register in between, into one
-of two stages. At the top of step s the block waits for its copies of slice s and meets
-at a barrier, which also tells it that every warp is done reading the other stage (slice
-s - 1); it then starts the copies of slice s + 1 into that stage and multiplies slice s
-while they fly. One barrier a step. Two stages of 2 x 10 KB are 40 KB; a third would pass
-the 48 KB of static shared memory a block may have.
+of STAGES. At the top of step s the block waits for its copies of slice s and meets at a
+barrier, which also tells it that every warp is done reading slice s - 1's stage; it then
+starts the copies of slice s + STAGES - 1 into that stage and multiplies slice s while they
+fly. One barrier a step. The library's two stages of 2 x 10 KB are 40 KB; a third would
+pass the 48 KB of static shared memory a block may have. Other tile configurations (a
+`GemmShape`, `gemm_tiles.py`) swizzle the rows instead of padding them, which makes room
+for a third stage, and add a branch-free inner path, a grouped block order, packed bf16
+stores or a 128 x 256 tile: candidates that perf/experiments/gemm_variants.py times.
 
 Ragged edges: a chunk (8 elements of a row) past M, N or K is stored as zeros, and the
 epilogue writes only elements inside Y. When K is a multiple of 8 and both operands start
@@ -39,9 +42,11 @@ lane is a Python thread) does not multiply zeros.
 
 import functools
 
+import numba
 import numpy as np
 from numba import cuda, float32
 
+from tinyvllm.kernels import gemm_tiles as tiles
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.mma import (
@@ -53,34 +58,16 @@ from tinyvllm.kernels.device.mma import (
     cp_async_commit,
     cp_async_wait,
     ldmatrix_x4,
-    mma_bf16_16816,
 )
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
-from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
+from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import ALIGNMENT_BYTES, VECTOR, data_address
+from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into, store_bf16x2
 
-BLOCK_M = 128
-BLOCK_N = 128
-BLOCK_K = 32
-WARP_M = 64
-WARP_N = 32
-WARPS_N = BLOCK_N // WARP_N
-THREADS = WARP * (BLOCK_M // WARP_M) * WARPS_N
-TILES_M = WARP_M // MMA_M
-TILES_N = WARP_N // MMA_N
-"""A warp's piece of Y in mma tiles: TILES_M x TILES_N of 16 x 8."""
-ROW_STRIDE = BLOCK_K + VECTOR
-"""Shared elements a row of a slice: BLOCK_K used, 8 of padding (see above)."""
-STAGE = BLOCK_M * ROW_STRIDE
-"""Shared elements of one operand's slice."""
-STAGES = 2
-SHARED_ELEMENTS = STAGES * STAGE
-CHUNKS_PER_ROW = BLOCK_K // VECTOR
-ROWS_PER_PASS = THREADS // CHUNKS_PER_ROW
-assert BLOCK_M == BLOCK_N and BLOCK_M % ROWS_PER_PASS == 0, "the copy covers both slices in whole passes"
-
-_OCCUPANCY = launch_bounds(THREADS, 2)
-"""Two blocks per SM (2 x 40 KB of shared memory), so at most 128 registers a thread."""
+BLOCK_M, THREADS, TILES_M = tiles.BLOCK_M, tiles.THREADS, tiles.TILES_M
+BLOCK_N, BLOCK_K, STAGES = GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.stages
+ROW_STRIDE = GEMM_SHAPE.row_stride
+"""The library shape's tile and its shared rows: BLOCK_K used, 8 of padding (see above)."""
 
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
@@ -164,109 +151,133 @@ def stage_chunk_ragged(tiles, offset, array, row, col):
         tiles[offset + i] = np.uint16(_element(array, row, col + i))
 
 
-@cuda.jit(device=True, inline=True)
-def mma_into(acc, mi, ni, a, b0, b1):
-    """acc[mi, ni] += the 16 x 16 A fragment a @ the 16 x 8 B fragment (b0, b1)."""
-    d0, d1, d2, d3 = mma_bf16_16816(
-        a[0], a[1], a[2], a[3], b0, b1, acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
-    )
-    acc[mi, ni, 0] = d0
-    acc[mi, ni, 1] = d1
-    acc[mi, ni, 2] = d2
-    acc[mi, ni, 3] = d3
+@functools.cache
+def _k16_multiplier(shape: GemmShape):
+    """The checked 16 of K for one shape (the branch-free slice: `gemm_tiles.slice_multiplier`)."""
+    row_stride, tiles_n = shape.row_stride, shape.tiles_n
+    a_tile, b_pair = MMA_M * row_stride, 2 * MMA_N * row_stride
 
+    # --8<-- [start:k16]
+    @cuda.jit(device=True, inline=True)
+    def multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n):
+        """acc += the warp's X[64, 16] @ W[warp_n, 16]^T out of shared memory: an ldmatrix_x4
+        per two n8 tiles of W and per mma row of X, then the mmas; fewer past the edge of Y
+        (live_m rows, live_n columns of mma tiles hold outputs)."""
+        b = cuda.local.array((tiles_n, 2), np.uint32)
+        for p in range(tiles_n // 2):
+            b[2 * p, 0], b[2 * p, 1], b[2 * p + 1, 0], b[2 * p + 1, 1] = ldmatrix_x4(b_tiles, b_offset + p * b_pair)
+        for mi in range(TILES_M):
+            if mi < live_m:
+                a = ldmatrix_x4(a_tiles, a_offset + mi * a_tile)
+                for ni in range(tiles_n):
+                    if ni < live_n:
+                        mma_into(acc, mi, ni, a, b[ni, 0], b[ni, 1])
 
-# --8<-- [start:k16]
-@cuda.jit(device=True, inline=True)
-def _multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n):
-    """acc += the warp's X[64, 16] @ W[32, 16]^T out of shared memory: 6 ldmatrix, 16 mma,
-    fewer past the edge of Y (live_m rows, live_n columns of mma tiles hold outputs)."""
-    b00, b01, b10, b11 = ldmatrix_x4(b_tiles, b_offset)
-    b20, b21, b30, b31 = ldmatrix_x4(b_tiles, b_offset + 2 * MMA_N * ROW_STRIDE)
-    for mi in range(TILES_M):
-        if mi < live_m:
-            a = ldmatrix_x4(a_tiles, a_offset + mi * MMA_M * ROW_STRIDE)
-            mma_into(acc, mi, 0, a, b00, b01)
-            if live_n > 1:
-                mma_into(acc, mi, 1, a, b10, b11)
-            if live_n > 2:
-                mma_into(acc, mi, 2, a, b20, b21)
-            if live_n > 3:
-                mma_into(acc, mi, 3, a, b30, b31)
+    # --8<-- [end:k16]
 
-
-# --8<-- [end:k16]
+    return multiply_k16
 
 
 # --8<-- [start:kernel]
 @functools.cache
-def gemm_kernel(stage_chunk, store):
-    """The tiled kernel for one staging function and one output store (compiled per pair)."""
+def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
+    """The tiled kernel for one staging function, one output store and one tile shape
+    (compiled per triple). With `store_bf16x2` it takes Y's rows viewed as uint32."""
+    block_n, block_k, stages, row_stride = shape.block_n, shape.block_k, shape.stages, shape.row_stride
+    stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
+    shift, mask, tiles_n, warp_n_size = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n, shape.warp_n
+    pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
+    shared_tiles, b_start = tiles.shared_tiles(shape)
+    columns = 2 if store is store_bf16x2 else 1  # outputs per element of out
+    store_pair = tiles.pair_store(store)
+    multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
 
     @cuda.jit(device=True, inline=True)
-    def stage_slices(a_tiles, b_tiles, stage, x, weight, m0, n0, k0, copy_row, copy_col):
-        """Start this thread's copies of X[m0:, k0:k0+32] and W[n0:, k0:k0+32] into `stage`."""
-        for p in range(BLOCK_M // ROWS_PER_PASS):
-            row = copy_row + p * ROWS_PER_PASS
-            offset = stage * STAGE + row * ROW_STRIDE + copy_col
-            stage_chunk(a_tiles, offset, x, m0 + row, k0 + copy_col)
-            stage_chunk(b_tiles, offset, weight, n0 + row, k0 + copy_col)
-        cp_async_commit()
+    def stage_slices(a_tiles, b_tiles, stage, x, weight, m0, n0, k0, copy_row, copy_chunk):
+        """Start this thread's copies of X[m0:, k0:k0+block_k] and W[n0:, ...] into `stage`."""
+        col = copy_chunk * VECTOR
+        for p in range(BLOCK_M // rows_per_pass):
+            row = copy_row + p * rows_per_pass
+            slot = tiles.chunk_slot_device(row, copy_chunk, shift, mask)
+            stage_chunk(a_tiles, stage * stage_a + row * row_stride + slot * VECTOR, x, m0 + row, k0 + col)
+        for p in range(block_n // rows_per_pass):
+            row = copy_row + p * rows_per_pass
+            slot = tiles.chunk_slot_device(row, copy_chunk, shift, mask)
+            offset = b_start + stage * stage_b + row * row_stride + slot * VECTOR
+            stage_chunk(b_tiles, offset, weight, n0 + row, k0 + col)
 
-    @cuda.jit(**_OCCUPANCY)
+    @cuda.jit(**launch_bounds(THREADS, shape.blocks_per_sm))
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
-        a_tiles = cuda.shared.array(SHARED_ELEMENTS, np.uint16, alignment=SHARED_ALIGNMENT)
-        b_tiles = cuda.shared.array(SHARED_ELEMENTS, np.uint16, alignment=SHARED_ALIGNMENT)
-        acc = cuda.local.array((TILES_M, TILES_N, 4), float32)
+        a_tiles, b_tiles = shared_tiles()
+        acc = cuda.local.array((TILES_M, tiles_n, 4), float32)
         for mi in range(TILES_M):
-            for ni in range(TILES_N):
+            for ni in range(tiles_n):
                 for r in range(4):
                     acc[mi, ni, r] = float32(0.0)
+        a_frag = cuda.local.array((2, TILES_M, 4), np.uint32)
+        b_frag = cuda.local.array((2, tiles_n, 2), np.uint32)
 
         # Unsigned indices: Numba adds wraparound code for negative signed ones.
         tid = np.uint32(cuda.threadIdx.x)
         warp, lane = tid // WARP, tid % WARP
-        m0 = np.uint32(cuda.blockIdx.y) * BLOCK_M
-        n0 = np.uint32(cuda.blockIdx.x) * BLOCK_N
-        warp_m = (warp // WARPS_N) * WARP_M
-        warp_n = (warp % WARPS_N) * WARP_N
-        copy_row, copy_col = tid // CHUNKS_PER_ROW, (tid % CHUNKS_PER_ROW) * VECTOR
+        width = np.int64(out.shape[1]) * columns
+        if grouped:
+            blocks_m = np.uint32((out.shape[0] + BLOCK_M - 1) // BLOCK_M)
+            blocks_n = np.uint32((width + block_n - 1) // block_n)
+            tile_m, tile_n = tiles.grouped_tile(np.uint32(cuda.blockIdx.x), blocks_m, blocks_n, np.uint32(group_m))
+        else:
+            tile_m, tile_n = np.uint32(cuda.blockIdx.y), np.uint32(cuda.blockIdx.x)
+        m0, n0 = np.uint32(tile_m) * BLOCK_M, np.uint32(tile_n) * block_n
+        warp_m = (warp // tiles.WARPS_N) * tiles.WARP_M
+        warp_n = (warp % tiles.WARPS_N) * warp_n_size
+        copy_row, copy_chunk = tid // chunks, tid % chunks
         # ldmatrix: lanes 8j .. 8j + 7 name rows 0..7 of 8x8 matrix j; for A the matrices
-        # are the quarters (rows 8 (j % 2), k 8 (j // 2)), for W (n 8 (j // 2), k 8 (j % 2))
+        # are the quarters (rows 8 (j % 2), k 8 (j // 2)), for W (n 8 (j // 2), k 8 (j % 2));
+        # tile rows start at multiples of 16, so a lane's swizzle is that of its row in the tile
         matrix, matrix_row = lane // 8, lane % 8
-        a_offset = (warp_m + matrix_row + 8 * (matrix % 2)) * ROW_STRIDE + 8 * (matrix // 2)
-        b_offset = (warp_n + matrix_row + 8 * (matrix // 2)) * ROW_STRIDE + 8 * (matrix % 2)
+        a_row, b_row = matrix_row + 8 * (matrix % 2), matrix_row + 8 * (matrix // 2)
+        a_lane, a_chunk = (warp_m + a_row) * row_stride, tiles.chunk_slot_device(a_row, matrix // 2, shift, mask)
+        b_lane, b_chunk = (warp_n + b_row) * row_stride, tiles.chunk_slot_device(b_row, matrix % 2, shift, mask)
 
         # mma tiles wholly past the edge of Y are skipped: the count is the same for all
         # lanes of a warp, so the warp-collective instructions stay convergent
         live_m = min(max(np.int64(out.shape[0]) - (m0 + warp_m) + MMA_M - 1, 0) // MMA_M, TILES_M)
-        live_n = min(max(np.int64(out.shape[1]) - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, TILES_N)
-        num_steps = (x.shape[1] + BLOCK_K - 1) // BLOCK_K
-        stage_slices(a_tiles, b_tiles, 0, x, weight, m0, n0, 0, copy_row, copy_col)
+        live_n = min(max(width - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, tiles_n)
+        interior = uniform and live_m == TILES_M and live_n == tiles_n
+        k = x.shape[1]
+        num_steps = (k + block_k - 1) // block_k
+        for s in range(stages - 1):
+            if s < num_steps:
+                stage_slices(a_tiles, b_tiles, s, x, weight, m0, n0, s * block_k, copy_row, copy_chunk)
+            cp_async_commit()  # empty groups too: the wait below counts groups
         for step in range(num_steps):
-            cp_async_wait(0)
-            cuda.syncthreads()  # slice `step` is in, and no warp still reads the other stage
-            if step + 1 < num_steps:
-                k0 = (step + 1) * BLOCK_K
-                stage_slices(a_tiles, b_tiles, (step + 1) % STAGES, x, weight, m0, n0, k0, copy_row, copy_col)
-            stage = (step % STAGES) * STAGE
-            for k in range(0, BLOCK_K, MMA_K):
-                if live_m > 0 and live_n > 0 and step * BLOCK_K + k < x.shape[1]:
-                    _multiply_k16(acc, a_tiles, b_tiles, stage + a_offset + k, stage + b_offset + k, live_m, live_n)
+            cp_async_wait(pending)
+            cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
+            ahead = step + stages - 1
+            if ahead < num_steps:
+                stage_slices(a_tiles, b_tiles, ahead % stages, x, weight, m0, n0, ahead * block_k, copy_row, copy_chunk)
+            cp_async_commit()
+            stage = step % stages
+            a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
+            if interior and (step + 1) * block_k <= k:
+                multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
+            else:
+                for kk in range(block_k // MMA_K):
+                    if live_m > 0 and live_n > 0 and step * block_k + kk * MMA_K < k:
+                        a_offset = a_base + VECTOR * ((2 * kk) ^ a_chunk)
+                        b_offset = b_base + VECTOR * ((2 * kk) ^ b_chunk)
+                        multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n)
 
         g, t = lane // 4, lane % 4
         for mi in range(TILES_M):
             for half in range(2):
                 row = m0 + warp_m + mi * MMA_M + 8 * half + g
                 if row < out.shape[0]:
-                    for ni in range(TILES_N):
+                    for ni in range(tiles_n):
                         col = n0 + warp_n + ni * MMA_N + 2 * t
-                        if col < out.shape[1]:
-                            store(out, row, col, acc[mi, ni, 2 * half])
-                        if col + 1 < out.shape[1]:
-                            store(out, row, col + 1, acc[mi, ni, 2 * half + 1])
+                        store_pair(out, row, col, width, acc[mi, ni, 2 * half], acc[mi, ni, 2 * half + 1])
 
     return gemm
 
@@ -274,11 +285,15 @@ def gemm_kernel(stage_chunk, store):
 # --8<-- [end:kernel]
 
 
-def gemm(x, weight, out, *, accumulate: bool = False, stream=0) -> None:
+def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape = GEMM_SHAPE) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T with the tiled kernel (any shape; best for large M);
-    with `accumulate`, out += the product."""
+    with `accumulate`, out += the product. `shape`: the tile configuration (`gemm_tiles.py`)."""
     m, n, _ = check_linear(x, weight, out, accumulate=accumulate)
     stage_chunk = stage_chunk_async if rows_of_eight(x, weight) else stage_chunk_ragged
-    kernel = gemm_kernel(stage_chunk, store_for(out, accumulate))
-    grid = ((n + BLOCK_N - 1) // BLOCK_N, (m + BLOCK_M - 1) // BLOCK_M)
-    kernel[grid, THREADS, stream](x, weight, out)
+    store = store_for(out, accumulate)
+    if shape.packed and store is store_bf16 and n % 2 == 0 and data_address(out) % 4 == 0:
+        store, out = store_bf16x2, out.view(np.uint32)
+    kernel = gemm_kernel(stage_chunk, store, shape)
+    if shape.dynamic_bytes and not SIMULATOR:
+        allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)
+    kernel[grid(shape, m, n), THREADS, stream, shape.dynamic_bytes](x, weight, out)

@@ -1,0 +1,282 @@
+"""The tiled GEMM's configuration (`GemmShape`) and the index arithmetic that follows from it.
+
+`gemm.py` builds one kernel per (staging, store, shape); `GEMM_SHAPE` is the library's.
+The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere/Hopper:
+
+- `block_n`: a block's tile is 128 x block_n (128 or 256), its 8 warps 2 x 4 over it, each
+  64 x block_n / 4: a larger tile reads each operand byte from L2 into shared memory fewer
+  times per FLOP, at the price of registers (the 128 x 256 tile's warps hold 128
+  accumulators; `blocks_per_sm` = 1 lets them have up to 255 registers).
+- `stages`: slices in shared memory at once. With S stages a block waits for the oldest of
+  S - 1 copies in flight (`cp.async.wait_group S - 2`), so more latency hides behind the mmas.
+- `swizzle`: rows of a slice unpadded, the 16-byte chunks of a row XOR-permuted (`chunk_slot`),
+  in place of padding each row by 8 elements. It is what lets three 128 x 128 x 32 stages
+  fit the 48 KB of static shared memory (3 x 2 x 8 KB = 48 KB; padded, 60 KB).
+- `uniform`: a warp whose 64 x N piece lies wholly inside Y multiplies a full slice with no
+  branch between its ldmatrix and mma instructions (one basic block that ptxas can
+  schedule); the edge blocks and the last, partial slice of K take the checked path.
+- `double_buffer`: on that branch-free path, the fragments of the next 16 of K of the slice
+  are loaded (ldmatrix) before the mmas of this 16 are issued (the slice's first 16 of K
+  waits for its own loads: the barrier between slices stands between them anyway).
+- `group_m`: blocks in a 1-D grid, handed out in groups of group_m rows of tiles (column by
+  column within a group), so that the blocks resident at once share W's tiles in L2; 0:
+  a 2-D grid, blockIdx.x along N (each wave sweeps all of W for one or two rows of tiles).
+- `packed`: the bf16 epilogue stores two neighbouring outputs as one 32-bit word
+  (`cvt.rn.bf16x2`) when Y's rows allow it (even N, 4-byte aligned); otherwise per element.
+
+Swizzle: a slice row of BLOCK_K = 32 bf16 is 64 bytes, 4 chunks; shared memory has 32 banks
+of 4 bytes, 8 chunk-sized bank groups per 128 bytes, so row r's chunk c starts in group
+(4 (r % 2) + c) % 8 unswizzled. An ldmatrix row group reads one logical chunk of 8
+consecutive rows (8 first rows of each 8x8 matrix, a multiple of 8 apart): unswizzled they
+fall on 2 groups, a 4-way conflict. Stored at slot c ^ ((r >> 1) % 4), the 8 rows land on
+4 (r % 2) + (c ^ (r >> 1) % 4): all 8 groups. The copies (8 threads a 16-byte phase: rows
+2i, 2i + 1, chunks 0..3 each) keep all 8 groups too, XOR by one value being a permutation
+of the 4 chunks. For BLOCK_K = 64 (8 chunks, 128 bytes a row) the map is c ^ (r % 8).
+
+Shared memory past 48 KB (4 stages of 128 x 128 x 32, 3 of 128 x 256 x 32, any BLOCK_K = 64)
+is dynamic: one array holding X's stages, then W's, sized at launch, which the driver allows
+only after cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). numba-cuda
+has no method for it; `allow_dynamic_shared` makes the call the way numba-cuda's own
+`set_shared_memory_carveout` makes its own, on the compiled kernel's `library.get_cufunc()`.
+`tests/test_gemm_variants.py` checks both claims by counting banks.
+"""
+
+import dataclasses
+import functools
+
+import numpy as np
+from numba import cuda, uint16
+
+from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, bf16x2, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
+from tinyvllm.kernels.device.vector_io import VECTOR
+
+BLOCK_M = 128
+WARPS_M, WARPS_N = 2, 4
+THREADS = WARP * WARPS_M * WARPS_N
+WARP_M = BLOCK_M // WARPS_M
+TILES_M = WARP_M // MMA_M
+STATIC_SHARED_BYTES = 48 * 1024
+"""Static shared memory a block may declare; past it a shape's tiles are dynamic shared memory,
+which the kernel must opt in to (`allow_dynamic_shared`)."""
+MAX_SHARED_BYTES = 227 * 1024
+"""The most shared memory a block may opt in to on sm_90 (and sm_80: 163 KB there)."""
+BANK_GROUPS = 8
+"""16-byte chunks per 128 bytes of shared memory: 32 banks of 4 bytes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """One tile configuration of the tiled GEMM (module docstring: what each field buys)."""
+
+    block_n: int = 128
+    block_k: int = 32
+    stages: int = 2
+    swizzle: bool = False
+    uniform: bool = False
+    double_buffer: bool = False
+    group_m: int = 0
+    packed: bool = False
+    blocks_per_sm: int = 2
+
+    def __post_init__(self):
+        if self.block_n not in (128, 256) or self.block_k not in (32, 64) or self.stages < 2:
+            raise ValueError(f"{self}: block_n 128 or 256, block_k 32 or 64, stages >= 2")
+        if self.double_buffer and not self.uniform:
+            raise ValueError(f"{self}: double_buffer applies to the branch-free (uniform) path")
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory, more than {MAX_SHARED_BYTES}")
+
+    @property
+    def warp_n(self) -> int:
+        return self.block_n // WARPS_N
+
+    @property
+    def tiles_n(self) -> int:
+        """A warp's piece of Y in mma tiles: TILES_M x tiles_n of 16 x 8."""
+        return self.warp_n // MMA_N
+
+    @property
+    def chunks_per_row(self) -> int:
+        return self.block_k // VECTOR
+
+    @property
+    def row_stride(self) -> int:
+        """Shared elements a slice row: block_k, plus 8 of padding where not swizzled."""
+        return self.block_k if self.swizzle else self.block_k + VECTOR
+
+    @property
+    def stage_a(self) -> int:
+        """Shared elements of one stage of X's slice (W's: `stage_b`)."""
+        return BLOCK_M * self.row_stride
+
+    @property
+    def stage_b(self) -> int:
+        return self.block_n * self.row_stride
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * self.stages * (self.stage_a + self.stage_b)
+
+    @property
+    def dynamic_bytes(self) -> int:
+        """Dynamic shared memory a block launches with: the tiles past 48 KB, else none."""
+        return self.shared_bytes if self.shared_bytes > STATIC_SHARED_BYTES else 0
+
+    @property
+    def rows_per_pass(self) -> int:
+        """Slice rows the block's threads copy at once, a 16-byte chunk each."""
+        return THREADS // self.chunks_per_row
+
+    @property
+    def swizzle_shift(self) -> int:
+        """Rows that share a 128-byte line of banks, as a shift: 1 for 64-byte rows, 0 for 128."""
+        return (BANK_GROUPS // self.chunks_per_row).bit_length() - 1
+
+    @property
+    def swizzle_mask(self) -> int:
+        return self.chunks_per_row - 1 if self.swizzle else 0
+
+
+GEMM_SHAPE = GemmShape()
+"""The library's configuration: 128 x 128 x 32, two stages, padded rows, 2-D grid."""
+
+
+def chunk_slot(row: int, chunk: int, shift: int, mask: int) -> int:
+    """Where chunk `chunk` of slice row `row` sits in its row (mask 0: where it is)."""
+    return chunk ^ ((row >> shift) & mask)
+
+
+chunk_slot_device = cuda.jit(device=True, inline=True)(chunk_slot)
+
+
+@cuda.jit(device=True, inline=True)
+def store_bf16x2(out, row, col, width, low, high):
+    """Y[row, col:col+2] as one 32-bit word of out (Y's bf16 rows viewed as uint32, N even)."""
+    if col < width:
+        out[row, col >> 1] = bf16x2(low, high)
+
+
+@functools.cache
+def pair_store(store):
+    """The epilogue's store of Y[row, col] and Y[row, col + 1], each only inside Y (width wide)."""
+    if store is store_bf16x2:
+        return store
+
+    @cuda.jit(device=True, inline=True)
+    def pair(out, row, col, width, low, high):
+        if col < width:
+            store(out, row, col, low)
+        if col + 1 < width:
+            store(out, row, col + 1, high)
+
+    return pair
+
+
+@cuda.jit(device=True, inline=True)
+def grouped_tile(block, blocks_m, blocks_n, group_m):
+    """(row, column) of tiles that 1-D block `block` computes: groups of group_m rows of
+    tiles, each walked column by column (the last group may have fewer rows)."""
+    per_group = group_m * blocks_n
+    group = block // per_group
+    first = group * group_m
+    rows = min(blocks_m - first, group_m)
+    within = block - group * per_group
+    return first + within % rows, within // rows
+
+
+@functools.cache
+def shared_tiles(shape: GemmShape):
+    """(a device function returning the shared arrays of X's and W's stages, where W's start
+    in the second): two static arrays, or one dynamic array of X's stages, then W's."""
+    a_elements, b_elements = shape.stages * shape.stage_a, shape.stages * shape.stage_b
+    if shape.dynamic_bytes:
+
+        @cuda.jit(device=True, inline=True)
+        def dynamic_tiles():
+            tiles = cuda.shared.array(0, uint16, alignment=SHARED_ALIGNMENT)  # numba's type: the simulator
+            # sizes a dynamic array by its dtype's itemsize, which numpy's scalar class lacks
+            return tiles, tiles
+
+        return dynamic_tiles, a_elements
+
+    @cuda.jit(device=True, inline=True)
+    def static_tiles():
+        a_tiles = cuda.shared.array(a_elements, np.uint16, alignment=SHARED_ALIGNMENT)
+        return a_tiles, cuda.shared.array(b_elements, np.uint16, alignment=SHARED_ALIGNMENT)
+
+    return static_tiles, 0
+
+
+@functools.cache
+def allow_dynamic_shared(kernel, argument_types: tuple, nbytes: int) -> None:
+    """Let `kernel`, compiled for argument_types (now, if not yet), launch with nbytes of
+    dynamic shared memory on the current device (once per kernel and types: `cache`)."""
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import driver
+
+    cufunc = kernel.compile(argument_types).library.get_cufunc()
+    attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attribute, nbytes, cufunc.handle, cufunc.device.id)
+
+
+def grid(shape: GemmShape, m: int, n: int) -> tuple:
+    """The launch grid of `shape`'s kernel for an M x N output."""
+    blocks_m, blocks_n = -(-m // BLOCK_M), -(-n // shape.block_n)
+    return (blocks_m * blocks_n,) if shape.group_m else (blocks_n, blocks_m)
+
+
+@cuda.jit(device=True, inline=True)
+def mma_into(acc, mi, ni, a, b0, b1):
+    """acc[mi, ni] += the 16 x 16 A fragment a @ the 16 x 8 B fragment (b0, b1)."""
+    d0, d1, d2, d3 = mma_bf16_16816(
+        a[0], a[1], a[2], a[3], b0, b1, acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
+    )
+    acc[mi, ni, 0] = d0
+    acc[mi, ni, 1] = d1
+    acc[mi, ni, 2] = d2
+    acc[mi, ni, 3] = d3
+
+
+@functools.cache
+def slice_multiplier(shape: GemmShape):
+    """multiply_slice for one shape: a whole slice into acc, every mma tile inside Y
+    (`uniform`), its fragments loaded 16 of K ahead where `double_buffer`."""
+    row_stride, tiles_n, k16s = shape.row_stride, shape.tiles_n, shape.block_k // MMA_K
+    a_tile, b_pair = MMA_M * row_stride, 2 * MMA_N * row_stride
+    double_buffer = shape.double_buffer
+
+    @cuda.jit(device=True, inline=True)
+    def load_k16(a_frag, b_frag, buffer, a_tiles, b_tiles, a_offset, b_offset):
+        for p in range(tiles_n // 2):
+            b0, b1, b2, b3 = ldmatrix_x4(b_tiles, b_offset + p * b_pair)
+            b_frag[buffer, 2 * p, 0], b_frag[buffer, 2 * p, 1] = b0, b1
+            b_frag[buffer, 2 * p + 1, 0], b_frag[buffer, 2 * p + 1, 1] = b2, b3
+        for mi in range(TILES_M):
+            a0, a1, a2, a3 = ldmatrix_x4(a_tiles, a_offset + mi * a_tile)
+            a_frag[buffer, mi, 0], a_frag[buffer, mi, 1], a_frag[buffer, mi, 2], a_frag[buffer, mi, 3] = a0, a1, a2, a3
+
+    @cuda.jit(device=True, inline=True)
+    def mma_k16(acc, a_frag, b_frag, buffer):
+        for mi in range(TILES_M):
+            for ni in range(tiles_n):
+                a = (a_frag[buffer, mi, 0], a_frag[buffer, mi, 1], a_frag[buffer, mi, 2], a_frag[buffer, mi, 3])
+                mma_into(acc, mi, ni, a, b_frag[buffer, ni, 0], b_frag[buffer, ni, 1])
+
+    @cuda.jit(device=True, inline=True)
+    def multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk):
+        """acc += the warp's X[64, block_k] @ W[warp_n, block_k]^T, no branch among the loads
+        and mmas: 16 of K kk is chunk 2 kk + the lane's own, stored at slot (2 kk) ^ a_chunk."""
+        if double_buffer:
+            load_k16(a_frag, b_frag, 0, a_tiles, b_tiles, a_base + VECTOR * a_chunk, b_base + VECTOR * b_chunk)
+        for kk in range(k16s):
+            buffer = kk % 2 if double_buffer else 0
+            if double_buffer and kk + 1 < k16s:
+                a_next, b_next = VECTOR * ((2 * kk + 2) ^ a_chunk), VECTOR * ((2 * kk + 2) ^ b_chunk)
+                load_k16(a_frag, b_frag, 1 - buffer, a_tiles, b_tiles, a_base + a_next, b_base + b_next)
+            if not double_buffer:
+                a_this, b_this = VECTOR * ((2 * kk) ^ a_chunk), VECTOR * ((2 * kk) ^ b_chunk)
+                load_k16(a_frag, b_frag, 0, a_tiles, b_tiles, a_base + a_this, b_base + b_this)
+            mma_k16(acc, a_frag, b_frag, buffer)
+
+    return multiply_slice
