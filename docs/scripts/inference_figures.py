@@ -22,7 +22,7 @@ from tinyvllm.backends.numpy_backend import NumpyBackend
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.model_runner import build_step
 from tinyvllm.engine.step_inputs import StepBuffers
-from tinyvllm.kernels import gemm, reference
+from tinyvllm.kernels import gemm, gemm_tiles, reference
 from tinyvllm.kernels.device.mma import MMA_M, MMA_N, WARP
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.llama import Workspace
@@ -188,12 +188,13 @@ def gemm_tiling_figure(figures: Path) -> str:
                    f"K walked {gemm.BLOCK_K} at a time", fontsize=9)  # fmt: skip
     warps = gemm.THREADS // WARP
     owned = np.zeros((gemm.BLOCK_M, gemm.BLOCK_N))
+    shape = gemm_tiles.GEMM_SHAPE  # the library's tile configuration
     for warp in range(warps):  # the kernel's warp_m, warp_n
-        warp_m, warp_n = (warp // gemm.WARPS_N) * gemm.WARP_M, (warp % gemm.WARPS_N) * gemm.WARP_N
-        owned[warp_m : warp_m + gemm.WARP_M, warp_n : warp_n + gemm.WARP_N] = warp
+        warp_m, warp_n = (warp // gemm_tiles.WARPS_N) * gemm_tiles.WARP_M, (warp % gemm_tiles.WARPS_N) * shape.warp_n
+        owned[warp_m : warp_m + gemm_tiles.WARP_M, warp_n : warp_n + shape.warp_n] = warp
     lane_zero = warps  # its colour: lane 0 of warp 0 (g = t = 0), the epilogue's store indices
     for mi in range(gemm.TILES_M):
-        for ni in range(gemm.TILES_N):
+        for ni in range(shape.tiles_n):
             for row in (MMA_M * mi, MMA_M * mi + 8):
                 owned[row, MMA_N * ni : MMA_N * ni + 2] = lane_zero
     colormap = plt.matplotlib.colors.ListedColormap([*SEQUENCE_COLORS[:warps], "black"])
@@ -203,8 +204,8 @@ def gemm_tiling_figure(figures: Path) -> str:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*SEQUENCE_COLORS[:warps], "black")]
     tile.legend(handles, [*(f"warp {w}" for w in range(warps)), "warp 0, lane 0"], fontsize=6, loc="upper left",
                bbox_to_anchor=(1.01, 1))  # fmt: skip
-    tile.set_title(f"The tile: each warp owns {gemm.WARP_M} x {gemm.WARP_N} outputs, {gemm.TILES_M} x "
-                   f"{gemm.TILES_N} mma tiles of {MMA_M} x {MMA_N};\na lane holds 4 of each tile (lane 0 in black)",
+    tile.set_title(f"The tile: each warp owns {gemm_tiles.WARP_M} x {shape.warp_n} outputs, {gemm.TILES_M} x "
+                   f"{shape.tiles_n} mma tiles of {MMA_M} x {MMA_N};\na lane holds 4 of each tile (lane 0 in black)",
                    fontsize=9)  # fmt: skip
     figure.tight_layout()
     return save(figure, figures / "gemm_tiling.png")
