@@ -13,22 +13,22 @@ accumulators of all 16 (64 registers, rows g and g + 8, columns 2t and 2t + 1 of
 tile, g = lane // 4, t = lane % 4), in a local array indexed only by unrolled loop
 counters so that it never leaves the registers. The epilogue stores them from there.
 
-K is walked BLOCK_K = 32 at a time. A step's slices X[128, 32] and W[128, 32] sit in
-shared memory as rows of ROW_STRIDE = 40 elements: 32 used, 8 of padding, so that the 8
-rows one ldmatrix reads (80 bytes apart) start in 8 different 16-byte bank groups, where
-a 64-byte stride would put rows 0, 2, 4, 6 on the same banks. Per 16 of K a warp loads
-its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row; 2 for W:
-b0, b1 of two n8 tiles each) and issues 16 mmas.
+The library's tile configuration is `gemm_tiles.GEMM_SHAPE` (what each of its fields buys
+is `gemm_tiles.py`'s docstring). K is walked BLOCK_K = 64 at a time: a step's slices X[128,
+64] and W[128, 64] sit in shared memory as unpadded rows whose 16-byte chunks are XOR-
+swizzled, so that the 8 rows one ldmatrix reads start in 8 different bank groups. Per 16 of
+K a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
+2 for W: b0, b1 of two n8 tiles each) and issues 16 mmas.
 
 The slices come in by cp.async, global to shared with no register in between, into one
-of STAGES. At the top of step s the block waits for its copies of slice s and meets at a
-barrier, which also tells it that every warp is done reading slice s - 1's stage; it then
-starts the copies of slice s + STAGES - 1 into that stage and multiplies slice s while they
-fly. One barrier a step. The library's two stages of 2 x 10 KB are 40 KB; a third would
-pass the 48 KB of static shared memory a block may have. Other tile configurations (a
-`GemmShape`, `gemm_tiles.py`) swizzle the rows instead of padding them, which makes room
-for a third stage, and add a branch-free inner path, a grouped block order, packed bf16
-stores or a 128 x 256 tile: candidates that perf/experiments/gemm_variants.py times.
+of STAGES = 3. At the top of step s the block waits for its copies of slice s and meets at
+a barrier, which also tells it that every warp is done reading slice s - 1's stage; it then
+starts the copies of slice s + 2 into that stage and multiplies slice s while those of s + 1
+and s + 2 fly. One barrier a step. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of
+static shared memory: the tiles are dynamic shared memory, which the kernel opts in to
+(`gemm_tiles.allow_dynamic_shared`). A warp wholly inside Y multiplies a whole slice with no
+branch among its loads and mmas; blocks go out in groups of 8 tile rows, so that the blocks
+resident at once share W's tiles in L2; the bf16 store writes two outputs as one word.
 
 Ragged edges: a chunk (8 elements of a row) past M, N or K is stored as zeros, and the
 epilogue writes only elements inside Y. When K is a multiple of 8 and both operands start
