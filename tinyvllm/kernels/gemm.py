@@ -21,7 +21,7 @@ K a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of ea
 2 for W: b0, b1 of two n8 tiles each) and issues 16 mmas.
 
 The slices come in by cp.async, global to shared with no register in between, into one
-of STAGES = 3. At the top of step s the block waits for its copies of slice s and meets at
+of three stages. At the top of step s the block waits for its copies of slice s and meets at
 a barrier, which also tells it that every warp is done reading slice s - 1's stage; it then
 starts the copies of slice s + 2 into that stage and multiplies slice s while those of s + 1
 and s + 2 fly. One barrier a step. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of
@@ -65,9 +65,8 @@ from tinyvllm.kernels.device.vector_io import ALIGNMENT_BYTES, VECTOR, data_addr
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into, store_bf16x2
 
 BLOCK_M, THREADS, TILES_M = tiles.BLOCK_M, tiles.THREADS, tiles.TILES_M
-BLOCK_N, BLOCK_K, STAGES = GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.stages
-ROW_STRIDE = GEMM_SHAPE.row_stride
-"""The library shape's tile and its shared rows: BLOCK_K used, 8 of padding (see above)."""
+BLOCK_N, BLOCK_K = GEMM_SHAPE.block_n, GEMM_SHAPE.block_k
+"""The library shape's tile: BLOCK_M x BLOCK_N outputs a block, K walked BLOCK_K at a time."""
 
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
