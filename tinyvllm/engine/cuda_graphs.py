@@ -12,7 +12,10 @@ sampling parameters), which are overwritten before each replay, and that every s
 dependent choice (grid sizes, split-K partitions, which GEMM) depends only on the
 bucket. Padding rows write no KV (slot -1), attend to one token of block 0 and sample
 greedily; their outputs are never read. The captures allocate nothing: every buffer is
-the runner's, so all graphs share the same memory.
+the runner's, so all graphs share the same memory. With `enforce_eager` the runner still pads
+a decode step to its bucket and launches it kernel by kernel, so that eager and replayed
+steps make the same choices: a split-K cut into four parts for 37 sequences and three for
+the 48 of their bucket rounds differently, and sampled tokens part.
 
 A graph is also keyed by the step's sampler options (`sampler_options.SamplerOptions`) and by
 whether its decode attention reads a shared prefix once (cascade attention, whose length
@@ -76,10 +79,6 @@ class DecodeGraphs:
         self.buckets = buckets
         self.graphs = {}
 
-    @property
-    def max_batch(self) -> int:
-        return self.buckets[-1]
-
     def capture(self, runner) -> None:
         """Capture every bucket with the plain sampler, largest first, each from a step of
         padding rows only."""
@@ -89,15 +88,12 @@ class DecodeGraphs:
             runner.forward_and_sample(inputs)
             self.graphs[size, PLAIN_SAMPLER, False] = self._capture(runner, inputs, PLAIN_SAMPLER)
 
-    def replay(self, runner, step: HostStep, options: SamplerOptions) -> None:
-        """Launch a decode step of B <= max_batch sequences: its B sampled tokens go to
-        the leading rows of the runner's `buffers.sampled`."""
-        batch = step.token_ids.shape[0]
-        size = next(bucket for bucket in self.buckets if bucket >= batch)
+    def replay(self, runner, padded: HostStep, options: SamplerOptions) -> None:
+        """Launch a decode step padded to one of the buckets (`pad_decode_step`): its sampled
+        tokens go to the leading rows of the runner's `buffers.sampled`."""
         buffers: StepBuffers = runner.buffers
-        padded = pad_decode_step(step, size)
         buffers.stage(padded)
-        key = size, options, bool(step.shared_prefix_len[0])
+        key = padded.token_ids.shape[0], options, bool(padded.shared_prefix_len[0])
         graph = self.graphs.get(key)
         if graph is None:
             inputs = buffers.views(padded)

@@ -19,7 +19,7 @@ from tinyvllm.backends.base import Backend
 from tinyvllm.backends.sampler_options import PLAIN_SAMPLER, SamplerOptions, sampler_options
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import blocks_needed
-from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets
+from tinyvllm.engine.cuda_graphs import DecodeGraphs, graph_buckets, pad_decode_step
 from tinyvllm.engine.logprobs import LogprobBuffers, StepLogprobs
 from tinyvllm.engine.prompt_logprobs import PromptLogprobs, PromptRows
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
@@ -50,6 +50,10 @@ class ModelRunner:
         self.kv_arena = None
         self.kv_caches: list[tuple] = []
         self.graphs: DecodeGraphs | None = None
+        # Where graphs can be captured, a decode step runs padded to its bucket whether it is
+        # replayed or (enforce_eager) launched kernel by kernel: every kernel choice (split-K
+        # parts, which product) then follows the padded batch, so a replay equals eager bit for bit.
+        self.decode_buckets = graph_buckets(limits.max_num_seqs) if backend.can_capture_graphs else []
         # Cascade attention, where the backend has it: decode reads a shared prefix once.
         self.reads_shared_prefix = backend.decode_reads_shared_prefix if cascade else None
 
@@ -64,7 +68,7 @@ class ModelRunner:
 
     def capture_decode_graphs(self) -> None:
         """Capture the decode step for every batch-size bucket (after the arena exists)."""
-        graphs = DecodeGraphs(graph_buckets(self.limits.max_num_seqs))
+        graphs = DecodeGraphs(self.decode_buckets)
         graphs.capture(self)
         self.graphs = graphs
 
@@ -102,8 +106,13 @@ class ModelRunner:
         options = sampler_options(step.penalty_slots, step.temperature, step.min_p, step.num_logprobs)
         decode_only = step.num_decode == step.context_lens.shape[0]
         prompt_rows = None
-        if self.graphs is not None and decode_only and step.num_decode <= self.graphs.max_batch:
-            self.graphs.replay(self, step, options)
+        bucket = next((size for size in self.decode_buckets if size >= step.num_decode), None)
+        if decode_only and bucket is not None:
+            padded = pad_decode_step(step, bucket)
+            if self.graphs is not None:
+                self.graphs.replay(self, padded, options)
+            else:
+                self.forward_and_sample(self.buffers.upload(padded), options)
         else:
             inputs = self.buffers.upload(step)
             self.forward_and_sample(inputs, options)
