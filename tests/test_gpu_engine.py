@@ -42,15 +42,18 @@ def gpu_llm(smollm2):
 
 def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     """Token for token on at least four of the five chats; a run that parts from the
-    reference parts at a near-tie (tests/helpers.py's assert_parts_only_at_near_ties). That
-    each operator is right on its own is test_every_operator_matches_... below."""
+    reference parts at a near-tie (tests/helpers.py's assert_parts_only_at_near_ties), and
+    one where the float32 forward takes the GPU's side does not count: the fifth chat's
+    first token is 13793 in bf16 NumPy by 0.10 and 56 in float32 by 0.007 (the GPU: 56).
+    That each operator is right on its own is test_every_operator_matches_... below."""
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     conversations = [[{"role": "user", "content": text}] for text in CHATS]
     reference = LLM(smollm2, backend="numpy", activation_dtype="bf16", max_model_len=2048)
     expected = [output.outputs[0].token_ids for output in reference.chat(conversations, params)]
     actual = [output.outputs[0].token_ids for output in gpu_llm.chat(conversations, params)]
     prompts = [reference.tokenizer.encode_chat(conversation) for conversation in conversations]
-    assert_parts_only_at_near_ties(reference, gpu_llm, prompts, actual, expected, max_partings=1)
+    exact = LLM(smollm2, backend="numpy", max_model_len=2048)
+    assert_parts_only_at_near_ties(reference, gpu_llm, prompts, actual, expected, max_partings=1, exact=exact)
     assert "Paris" in gpu_llm.chat(conversations[0], SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0].text
     assert_no_leak(gpu_llm)
 
