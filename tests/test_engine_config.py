@@ -66,8 +66,8 @@ def test_the_defaults_are_the_documented_ones():
     "max_position_embeddings, options, max_model_len, max_num_batched_tokens, max_blocks_per_seq",
     [
         (131072, {"backend": "cuda"}, 8192, 8192, 512),  # Llama 3.2 1B: max_model_len capped at 8192
-        (512, {"backend": "cuda"}, 512, 2048, 32),  # a short model: the token budget stays at 2048
-        (131072, {"backend": "cuda", "max_model_len": 3000, "block_size": 32}, 3000, 3000, 94),
+        (512, {"backend": "cuda"}, 512, 8192, 32),  # a short model: the token budget stays at 8192
+        (131072, {"backend": "cuda", "max_model_len": 10000, "block_size": 32}, 10000, 10000, 313),
         (131072, {"max_model_len": 100, "max_num_batched_tokens": 16}, 100, 16, 7),
         (131072, {"backend": "numpy"}, 8192, NUMPY_BATCHED_TOKENS, 512),  # a step of seconds on a CPU
     ],

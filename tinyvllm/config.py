@@ -31,8 +31,11 @@ ACTIVATION_DTYPES = ("bf16", "float32")
 DTYPES = ("auto", "bfloat16")
 """vLLM's `dtype`: the kernels compute in bfloat16 only, so `auto` means it too."""
 DEFAULT_MAX_MODEL_LEN = 8192
-MIN_BATCHED_TOKENS = 2048
-"""On the GPU, the default token budget of a step is never below this (vLLM's default budget)."""
+MIN_BATCHED_TOKENS = 8192
+"""On the GPU, the default token budget of a step is never below this: vLLM's default for its
+server on GPUs of 70 GiB and more (16,384 for its LLM class there), and for its LLM class on
+smaller ones. A step's kernel launches cost the host about the same whatever its token count,
+so a budget of 4,096 left an H200's prefill waiting on Python."""
 NUMPY_BATCHED_TOKENS = 256
 """The NumPy backend's default token budget: a few seconds of prefill on two CPU cores
 (an 8,190-token prompt in one step held a server for 13 minutes)."""
