@@ -19,6 +19,7 @@ import math
 
 from numba import cuda, float32
 
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.vector_io import (
     VECTOR,
@@ -75,4 +76,4 @@ def silu_mul(gate_up, out, *, stream=0) -> None:
     vectors = num_tokens * intermediate // VECTOR
     if vectors == 0:
         return
-    _silu_mul_kernel[-(-vectors // THREADS), THREADS, stream](gate_up, out)
+    launch_kernel(_silu_mul_kernel, -(-vectors // THREADS), THREADS, stream, gate_up, out)

@@ -49,6 +49,7 @@ from tinyvllm.kernels.attention_tiles import (
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.mma import MMA_K, MMA_N
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
@@ -214,6 +215,7 @@ def cascade_decode_attention(
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     first_slot = num_seqs * num_heads * num_partitions
     shift = block_shift(block_size)
-    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, shared_len, shift, first_slot, workspace)
+    kernel_args = (q, k_flat, v_flat, block_tables, shared_len, shift, first_slot, workspace)
+    launch_kernel(kernel, grid, threads, stream, *kernel_args)
     merge_args = (workspace, context_lens, shared_len, num_partitions, step, shared_partitions, keys, out)
-    _merge_cascade_kernel[(num_heads, num_seqs), min(MERGE_THREADS, head_dim), stream](*merge_args)
+    launch_kernel(_merge_cascade_kernel, (num_heads, num_seqs), min(MERGE_THREADS, head_dim), stream, *merge_args)

@@ -45,6 +45,7 @@ from tinyvllm.kernels.attention_common import (
     rescale,
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import group_scratch_shape, lane_group_sum
 from tinyvllm.kernels.device.simulator import launch_bounds
@@ -316,7 +317,7 @@ def launch_decode(
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
     lengths = (context_lens,) if shared_len is None else (context_lens, shared_len)
-    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, *lengths, shift, result)
+    launch_kernel(kernel, grid, threads, stream, q, k_flat, v_flat, block_tables, *lengths, shift, result)
     return threads // (head_dim // VECTOR) * tokens_per_step
 
 

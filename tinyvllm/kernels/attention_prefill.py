@@ -37,6 +37,7 @@ from tinyvllm.kernels.attention_tiles import (
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.mma import MMA_K, MMA_N
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
@@ -124,4 +125,5 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     grid = (num_kv_heads, num_tokens // (rows // group) + num_seqs)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)
-    kernel[grid, threads, stream](q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, shift, out)
+    launch_kernel(kernel, grid, threads, stream,
+                  q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, shift, out)  # fmt: skip

@@ -32,6 +32,7 @@ from tinyvllm.kernels.attention_decode import (
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
 BLOCKS_PER_SM = 4
@@ -128,7 +129,8 @@ def merge_partitions(workspace, context_lens, num_partitions: int, step: int, ou
     loop step `step` (the caller has checked the shapes, as `split_decode_attention` does)."""
     num_seqs, num_heads, head_dim = out.shape
     threads = min(MERGE_THREADS, head_dim)
-    _merge_partitions_kernel[(num_heads, num_seqs), threads, stream](workspace, context_lens, num_partitions, step, out)
+    launch_kernel(_merge_partitions_kernel, (num_heads, num_seqs), threads, stream,
+                  workspace, context_lens, num_partitions, step, out)  # fmt: skip
 
 
 def decode_workspace_shape(num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import WARP
 from tinyvllm.kernels.device.vector_io import (
@@ -76,7 +77,7 @@ def embedding(token_ids, table, out, *, stream=0) -> None:
     if num_tokens == 0:
         return
     threads = min(MAX_THREADS, WARP * -(-(hidden // VECTOR) // WARP))
-    _embedding_kernel[num_tokens, threads, stream](token_ids, table, out)
+    launch_kernel(_embedding_kernel, num_tokens, threads, stream, token_ids, table, out)
 
 
 @cuda.jit
@@ -95,4 +96,4 @@ def feed_sampled_tokens(token_ids, token_sources, sampled, *, stream=0) -> None:
     check_array("sampled", sampled, np.int32, (None,))
     if num_tokens == 0:
         return
-    _feed_kernel[-(-num_tokens // MAX_THREADS), MAX_THREADS, stream](token_ids, token_sources, sampled)
+    launch_kernel(_feed_kernel, -(-num_tokens // MAX_THREADS), MAX_THREADS, stream, token_ids, token_sources, sampled)

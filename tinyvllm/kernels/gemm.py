@@ -49,6 +49,7 @@ from numba import cuda, float32
 from tinyvllm.kernels import gemm_tiles as tiles
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.mma import (
     MMA_K,
     MMA_M,
@@ -295,4 +296,4 @@ def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape
     kernel = gemm_kernel(stage_chunk, store, shape)
     if shape.dynamic_bytes and not SIMULATOR:
         allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)
-    kernel[grid(shape, m, n), THREADS, stream, shape.dynamic_bytes](x, weight, out)
+    launch_kernel(kernel, grid(shape, m, n), THREADS, stream, x, weight, out, shared_bytes=shape.dynamic_bytes)

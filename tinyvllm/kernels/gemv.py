@@ -65,6 +65,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from tinyvllm.kernels.device.bf16 import bf16_to_f32
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.simulator import launch_bounds
@@ -322,6 +323,6 @@ def launch(
         accumulate,
     )
     if normalize:
-        kernel[blocks, threads, stream](x, gain, np.float32(norm.eps), weight, out)
+        launch_kernel(kernel, blocks, threads, stream, x, gain, np.float32(norm.eps), weight, out)
     else:
-        kernel[blocks, threads, stream](x, weight, out)
+        launch_kernel(kernel, blocks, threads, stream, x, weight, out)

@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max, block_sum
 from tinyvllm.kernels.device.rows import four_logits
@@ -199,6 +200,5 @@ def compute_logprobs(
     ):
         check_array(name, array, dtype, (num_rows,))
     if num_rows:
-        _logprobs_kernel[num_rows, THREADS, stream](
-            logits, num_logprobs, sampled, top_ids, top_logprobs, sampled_logprobs, sampled_ranks
-        )
+        outputs = (top_ids, top_logprobs, sampled_logprobs, sampled_ranks)
+        launch_kernel(_logprobs_kernel, num_rows, THREADS, stream, logits, num_logprobs, sampled, *outputs)

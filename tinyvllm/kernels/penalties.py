@@ -35,6 +35,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import block_max
 from tinyvllm.kernels.device.rows import four_logits
@@ -142,9 +143,8 @@ def apply_penalties(logits, token_state, slots, presence, frequency, repetition,
     check_array("token_state", token_state, np.int32, (None, logits.shape[1]))
     if num_rows:
         parts = -(-logits.shape[1] // (THREADS * TOKENS_PER_THREAD))
-        _penalty_kernel[(num_rows, parts), THREADS, stream](
-            logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens
-        )
+        launch_kernel(_penalty_kernel, (num_rows, parts), THREADS, stream,
+                      logits, token_state, slots, presence, frequency, repetition, mask_stop_tokens)  # fmt: skip
 
 
 def count_sampled_tokens(token_state, slots, sampled, *, stream=0) -> None:
@@ -153,11 +153,11 @@ def count_sampled_tokens(token_state, slots, sampled, *, stream=0) -> None:
     check_array("sampled", sampled, np.int32, (num_rows,))
     check_array("token_state", token_state, np.int32, (None, None))
     if num_rows:
-        _count_kernel[-(-num_rows // THREADS), THREADS, stream](token_state, slots, sampled)
+        launch_kernel(_count_kernel, -(-num_rows // THREADS), THREADS, stream, token_state, slots, sampled)
 
 
 def apply_min_p(logits, temperature, min_p, *, stream=0) -> None:
     """Min-p on logits float32[S, V] in place, row s with its temperature and min_p (float32[S])."""
     num_rows = _check_rows(logits, (("temperature", temperature, np.float32), ("min_p", min_p, np.float32)))
     if num_rows:
-        _min_p_kernel[num_rows, THREADS, stream](logits, temperature, min_p)
+        launch_kernel(_min_p_kernel, num_rows, THREADS, stream, logits, temperature, min_p)

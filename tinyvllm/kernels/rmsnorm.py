@@ -22,6 +22,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from tinyvllm.kernels.device.checks import check_positive
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import WARP, block_sum
 from tinyvllm.kernels.device.vector_io import (
@@ -126,7 +127,7 @@ def rmsnorm(x, weight, eps: float, out, *, out_name: str = "out", stream=0) -> N
         raise ValueError(f"x: hidden size {hidden} exceeds the kernel's maximum {MAX_HIDDEN}")
     if num_tokens == 0:
         return
-    _rmsnorm_kernel[num_tokens, _threads_for(hidden), stream](x, weight, np.float32(eps), out)
+    launch_kernel(_rmsnorm_kernel, num_tokens, _threads_for(hidden), stream, x, weight, np.float32(eps), out)
 
 
 # --8<-- [end:launcher]

@@ -43,6 +43,7 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.vector_io import (
     VECTOR,
@@ -136,9 +137,8 @@ def rope_write_kv(qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache, *
     num_kv_heads = k_cache.shape[2]
     chunks = head_dim // (2 * VECTOR)
     heads_per_step = max(1, min(num_q_heads + 2 * num_kv_heads, MAX_THREADS // chunks))
-    _rope_write_kv_kernel[num_tokens, (chunks, heads_per_step), stream](
-        qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache
-    )
+    launch_kernel(_rope_write_kv_kernel, num_tokens, (chunks, heads_per_step), stream,
+                  qkv, positions, inv_freq, slot_mapping, q, k_cache, v_cache)  # fmt: skip
 
 
 def check_rope_targets(

@@ -52,6 +52,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32, uint32, uint64
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import argmax_better, block_argmax, block_max
 from tinyvllm.kernels.device.rng import GUMBEL_MAX, gumbel, stream_key
@@ -283,9 +284,6 @@ def sample(logits, temperature, top_k, top_p, seeds, offsets, out, part_values, 
             raise ValueError(f"{name}: {workspace_rows} rows, needs at least one per row of logits ({num_rows})")
     if num_rows:
         num_parts, part_size = split_vocab(vocab, num_rows)
-        _part_kernel[(num_rows, num_parts), BLOCK, stream](
-            logits, temperature, top_k, top_p, seeds, offsets, part_size, part_values, part_indices
-        )
-        _sample_kernel[num_rows, BLOCK, stream](
-            logits, temperature, top_k, top_p, seeds, offsets, part_values, part_indices, num_parts, out
-        )
+        rows = (logits, temperature, top_k, top_p, seeds, offsets)
+        launch_kernel(_part_kernel, (num_rows, num_parts), BLOCK, stream, *rows, part_size, part_values, part_indices)
+        launch_kernel(_sample_kernel, num_rows, BLOCK, stream, *rows, part_values, part_indices, num_parts, out)

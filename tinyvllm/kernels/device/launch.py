@@ -1,0 +1,162 @@
+"""Kernel launches that skip Numba's per-call argument handling: `launch_kernel(kernel, grid, block, stream, *args)`.
+
+`kernel[grid, block, stream](*args)` costs the host 100 to 200 microseconds in numba-cuda
+0.30: the dispatcher types every argument, wraps each array in a strided memory view, looks
+up the CUDA context and builds a `cuda.core.LaunchConfig`. A decode step is a replayed
+graph and pays none of it, but a prefill step launches about 90 kernels, and on an H200
+that launching (18.8 ms a step of 8,192 tokens, 2026-12-04) was as long as the GPU's work.
+
+So the first launch of a kernel with arguments of given Numba types goes through Numba,
+which compiles it, and records a *plan*: the compiled kernel and, for each parameter, how
+Numba flattens it (an array is meminfo, parent, size, itemsize, data pointer, shape and
+strides; a scalar one C value of its type). Later launches with the same types flatten the
+arguments by the plan and call `cuda.core.launch` directly. A plan is kept only if, on
+the arguments it was made from, it flattens them exactly as Numba's own code does; a kernel
+whose parameters it cannot flatten (records, tuples) always launches through Numba, and
+so does any launch inside `pdl.programmatic_launches` (graph captures, where launch time
+does not matter), and everything under the simulator.
+"""
+
+import ctypes
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from tinyvllm.kernels.device.simulator import SIMULATOR
+
+if not SIMULATOR:
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    from numba.cuda.types import Array
+
+
+class Plan(NamedTuple):
+    kernel: Any  # the compiled kernel's cuda.core Kernel
+    packers: tuple  # one per argument: appends its flattened values to a list
+
+
+_plans: dict[tuple, Plan | None] = {}  # (dispatcher, argument keys) -> plan; None: always through Numba
+_configs: dict[tuple, Any] = {}  # (grid, block, shared bytes) -> LaunchConfig
+_streams: dict[Any, Any] = {}  # a Numba stream (or 0) -> its cuda.core Stream
+_thread = threading.local()  # whether this thread's CUDA context is current
+
+_SCALARS = {
+    int: ctypes.c_int64,
+    float: ctypes.c_double,
+    np.int32: ctypes.c_int32,
+    np.uint32: ctypes.c_uint32,
+    np.int64: ctypes.c_int64,
+    np.uint64: ctypes.c_uint64,
+    np.float32: ctypes.c_float,
+    np.float64: ctypes.c_double,
+}
+"""The scalar Python and NumPy types a plan flattens, and the C type Numba gives each."""
+
+
+def _argument_key(value) -> Any:
+    """What Numba's choice of compiled kernel depends on: an array's Numba type, a scalar's Python type."""
+    numba_type = getattr(value, "_numba_type_", None)
+    return type(value) if numba_type is None or not hasattr(value, "gpu_data") else numba_type
+
+
+def _pack_c_array(array, out: list) -> None:
+    """A C-layout array, as Numba passes it: strides from the shape (a kernel typed for C
+    layout computes addresses from the shape alone)."""
+    shape, itemsize = array.shape, array.dtype.itemsize
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    pointer = array.gpu_data.device_ctypes_pointer.value if array.size else 0
+    out += (0, 0, array.size, itemsize, pointer or 0, *shape, *reversed(strides))
+
+
+def _pack_strided_array(array, out: list) -> None:
+    pointer = array.gpu_data.device_ctypes_pointer.value if array.size else 0
+    out += (0, 0, array.size, array.dtype.itemsize, pointer or 0, *array.shape, *array.strides)
+
+
+def _scalar_packer(c_type):
+    def pack(value, out: list) -> None:
+        out.append(c_type(value))
+
+    return pack
+
+
+def _comparable(values: list) -> list:
+    return [value.value if isinstance(value, ctypes._SimpleCData) else value for value in values]
+
+
+def _make_plan(kernel, args: tuple, stream) -> Plan | None:
+    """The plan of kernel's compiled overload for args, or None where one cannot be trusted."""
+    argtypes = tuple(kernel.typeof_pyval(value) for value in args)
+    compiled = kernel.overloads.get(argtypes)
+    if compiled is None or compiled.extensions or compiled.cooperative or compiled.debug:
+        return None
+    packers = []
+    for numba_type, value in zip(compiled.argument_types, args):
+        if isinstance(numba_type, Array) and hasattr(value, "gpu_data"):
+            packers.append(_pack_c_array if numba_type.layout == "C" else _pack_strided_array)
+        elif type(value) in _SCALARS and str(numba_type) == np.dtype(_SCALARS[type(value)]).name:
+            packers.append(_scalar_packer(_SCALARS[type(value)]))
+        else:
+            return None
+    ours, numbas = [], []
+    for pack, numba_type, value in zip(packers, compiled.argument_types, args):
+        pack(value, ours)
+        compiled._prepare_args(numba_type, value, stream, [], numbas)
+    if _comparable(ours) != _comparable(numbas) or [type(v) for v in ours] != [type(v) for v in numbas]:
+        return None
+    return Plan(compiled._codelibrary.get_cufunc().kernel, tuple(packers))
+
+
+def _config(grid, block, shared_bytes: int):
+    key = grid, block, shared_bytes
+    config = _configs.get(key)
+    if config is None:
+        dims = [tuple(map(int, d)) if isinstance(d, tuple | list) else int(d) for d in (grid, block)]
+        config = _configs[key] = LaunchConfig(grid=dims[0], block=dims[1], shmem_size=int(shared_bytes))
+    return config
+
+
+def _core_stream(stream):
+    core = _streams.get(stream)
+    if core is None:
+        core = _streams[stream] = _to_core_stream(stream)
+    return core
+
+
+def _numba_launch_config_is_plain() -> bool:
+    """False inside pdl.programmatic_launches, which swaps Numba's LaunchConfig for its own."""
+    return dispatcher.LaunchConfig is LaunchConfig
+
+
+def launch_kernel(kernel, grid, block, stream, *args, shared_bytes: int = 0) -> None:
+    """kernel[grid, block, stream, shared_bytes](*args), through a plan where there is one."""
+    if SIMULATOR:
+        kernel[grid, block, stream, shared_bytes](*args)
+        return
+    key = (kernel, *map(_argument_key, args))
+    plan = _plans.get(key, False)
+    if plan is False or plan is None or not _numba_launch_config_is_plain():
+        kernel[grid, block, stream, shared_bytes](*args)  # compiles on first use, and sets the context
+        if plan is False:
+            _plans[key] = _make_plan(kernel, args, stream)
+        _thread.context_current = True
+        return
+    if not getattr(_thread, "context_current", False):
+        cuda.current_context()  # a thread's first launch makes the CUDA context current in it
+        _thread.context_current = True
+    values: list = []
+    for pack, value in zip(plan.packers, args):
+        pack(value, values)
+    core_launch(_core_stream(stream), _config(grid, block, shared_bytes), plan.kernel, *values)
+
+
+def unplanned_kernels() -> set[str]:
+    """The names of the kernels launched so far that always go through Numba (for some argument types)."""
+    return {key[0].py_func.__name__ for key, plan in _plans.items() if plan is None}
