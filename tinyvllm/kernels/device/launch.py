@@ -58,9 +58,12 @@ _SCALARS = {
 
 
 def _argument_key(value) -> Any:
-    """What Numba's choice of compiled kernel depends on: an array's Numba type, a scalar's Python type."""
-    numba_type = getattr(value, "_numba_type_", None)
-    return type(value) if numba_type is None or not hasattr(value, "gpu_data") else numba_type
+    """What Numba's choice of compiled kernel depends on: for a device array its class, dtype,
+    rank and layout (what its Numba type is made of, without building the type), else the type."""
+    if hasattr(value, "gpu_data"):
+        broadcast = value.size != 0 and 0 in value.strides
+        return type(value), value.dtype, value.ndim, value.is_c_contiguous(), value.is_f_contiguous(), broadcast
+    return type(value)
 
 
 def _pack_c_array(array, out: list) -> None:
@@ -88,7 +91,8 @@ def _scalar_packer(c_type):
 
 
 def _comparable(values: list) -> list:
-    return [value.value if isinstance(value, ctypes._SimpleCData) else value for value in values]
+    """(type, value) of each flattened parameter; Numba gives an empty array's pointer as None."""
+    return [(type(v), v.value) if isinstance(v, ctypes._SimpleCData) else (int, v or 0) for v in values]
 
 
 def _make_plan(kernel, args: tuple, stream) -> Plan | None:
@@ -109,7 +113,7 @@ def _make_plan(kernel, args: tuple, stream) -> Plan | None:
     for pack, numba_type, value in zip(packers, compiled.argument_types, args):
         pack(value, ours)
         compiled._prepare_args(numba_type, value, stream, [], numbas)
-    if _comparable(ours) != _comparable(numbas) or [type(v) for v in ours] != [type(v) for v in numbas]:
+    if _comparable(ours) != _comparable(numbas):
         return None
     return Plan(compiled._codelibrary.get_cufunc().kernel, tuple(packers))
 
