@@ -54,13 +54,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert not self.allocator.ref_counts.any()
             prefix_cache.block_hash = self._saved_hash
 
-    def _admit(self, tokens: list[int]) -> None:
-        seq = Sequence(f"r{self.count}", tokens, SamplingParams())
-        self.count += 1
+    def _admit(self, seq: Sequence) -> None:
         served = attach_prefix(self.allocator, seq, self.block_size)
-        assert served <= len(tokens) - 1
+        assert served <= seq.num_tokens - 1
         for index, block_id in enumerate(seq.block_table):  # a hit serves the right K/V
-            expected = tokens[index * self.block_size : (index + 1) * self.block_size]
+            expected = seq.token_ids[index * self.block_size : (index + 1) * self.block_size]
             assert self.content[block_id].tolist() == expected
         self.active.append(seq)
 
@@ -68,7 +66,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def hit(self, prefix, suffix, cut):
         tokens = prefix[:cut] + suffix
         if tokens:
-            self._admit(tokens)
+            self._admit(Sequence(f"r{self.count}", tokens, SamplingParams()))
+            self.count += 1
 
     @rule(data=st.data(), num_new=st.integers(1, 6))
     def append(self, data, num_new):
@@ -100,11 +99,22 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def preempt(self, data):
-        """Recompute: ownership goes, the request comes back and finds what stayed cached."""
+        """Recompute: ownership goes, the request comes back and finds what stayed cached. As
+        the scheduler's preemption, the same sequence keeps its block keys (hashed before)."""
         if self.active:
             seq = data.draw(st.sampled_from(self.active))
             self._end(seq)
-            self._admit(seq.token_ids)
+            seq.block_table, seq.num_registered_blocks, seq.num_computed_tokens = [], 0, 0
+            self._admit(seq)
+
+    @invariant()
+    def block_keys_are_the_chain_of_their_tokens(self):
+        for seq in getattr(self, "active", ()):
+            parent_key = ROOT_KEY
+            for index, key in enumerate(seq.block_keys):
+                tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+                parent_key = prefix_cache.block_hash(parent_key, tokens)
+                assert key == parent_key
 
     @rule()
     def evict(self):
@@ -230,18 +240,19 @@ def test_the_last_prompt_token_is_always_computed():
 def test_register_refuses_a_free_block():
     allocator = PrefixCachingAllocator(2)
     with pytest.raises(ValueError, match="free block 0"):
-        allocator.register(0, ROOT_KEY, (1, 2), -1)
+        allocator.register([0], [block_hash(ROOT_KEY, (1, 2))], [1, 2], 2, -1)
 
 
 def test_allocating_more_than_is_free_evicts_nothing():
     allocator = PrefixCachingAllocator(3)
     (block,) = allocator.allocate(1)
-    allocator.register(int(block), ROOT_KEY, (1, 2), -1)
+    key = block_hash(ROOT_KEY, (1, 2))
+    allocator.register([int(block)], [key], [1, 2], 2, -1)
     allocator.free([block])  # cached, unowned: counted free, evictable
     with pytest.raises(OutOfBlocks):
         allocator.allocate(4)
     assert allocator.unowned_cached_blocks() == [block]
-    assert allocator.lookup([1, 2], 2) == ([block], [block_hash(ROOT_KEY, (1, 2))])
+    assert allocator.lookup([1, 2], [key], 2) == [block]
     assert sorted(allocator.allocate(3).tolist()) == [0, 1, 2]  # now it is evicted, and used
     assert allocator.num_cached == 0
 
@@ -306,3 +317,28 @@ def test_a_prefix_another_sequence_is_computing_is_waited_for_not_computed_twice
     for seq in (a, b, c, unrelated) if budget == 64 else (a, b, c):
         assert_matches_reference(seq)
     assert scheduler.allocator.num_used == 0
+
+
+def test_each_block_of_a_sequence_is_hashed_once(monkeypatch):
+    """Admission, the steps computing a block and its registration read one key per block
+    (`full_block_keys`), which a preempted sequence keeps: no block is hashed twice."""
+    hashed = []
+
+    def counting_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
+        hashed.append(token_ids)
+        return block_hash(parent_key, token_ids)
+
+    monkeypatch.setattr(prefix_cache, "block_hash", counting_hash)
+    options = dict(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
+    scheduler, model = make_scheduler(prefix_caching=True, num_blocks=12, **options)
+    seqs = [
+        Sequence(f"r{index}", [1 + index % 2] * 8 + [index] * 9, SamplingParams(max_tokens=12, ignore_eos=True))
+        for index in range(8)
+    ]
+    for seq in seqs:
+        scheduler.add(seq)
+    drain(scheduler, model)
+    assert scheduler.num_preemptions > 0 and scheduler.prefix_cache_hits > 0
+    assert len(hashed) == sum(len(seq.block_keys) for seq in seqs)
+    for seq in seqs:
+        assert_matches_reference(seq)

@@ -1,10 +1,13 @@
 """Automatic prefix caching: full KV blocks stay findable by their content after their owners go.
 
 A full block is keyed by `block_hash(parent_key, its token ids)`, chained from the first
-block of a sequence, so a key stands for the whole prefix up to the block's end. A lookup
-walks a prompt's full blocks and stops at the first miss; each candidate is confirmed
-against the token ids stored with it and against its parent (the block matched just before,
-at the same registration generation), so a hash collision is a miss, never wrong K/V.
+block of a sequence, so a key stands for the whole prefix up to the block's end. A key
+depends on nothing but those tokens, which never change once known, so a sequence hashes
+each of its blocks once (`full_block_keys`) and its admission, the step computing the
+block and its registration all read that key. A lookup walks a prompt's keys and stops at
+the first miss; each candidate is confirmed against the token ids stored with it and
+against its parent (the block matched just before, at the same registration generation),
+so a hash collision is a miss, never wrong K/V.
 
 Cached blocks with no owner are neither free nor lost: they sit in a least-recently-freed
 order and count as free, and `allocate` evicts the oldest of them only when the free stack
@@ -18,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tinyvllm.engine.block_manager import BlockAllocator
-from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence
+from tinyvllm.engine.sequence import Sequence
 
 ROOT_KEY = 0
 """The parent key of a sequence's first block."""
@@ -44,11 +47,15 @@ class PrefixCachingAllocator(BlockAllocator):
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
         self._by_key: dict[int, int] = {}
-        self._cached: dict[int, CachedBlock] = {}
+        # block id -> a CachedBlock's fields as a plain tuple (key, token ids, parent block,
+        # parent generation): a NamedTuple's constructor is Python code, 0.2 us a block
+        self._cached: dict[int, tuple[int, tuple[int, ...], int, int]] = {}
         self._unowned: OrderedDict[int, None] = OrderedDict()  # cached, no owner: oldest first
-        self._generation = [0] * num_blocks  # bumped when a block is registered (a list: read per block)
-        self._registered_at: dict[int, int] = {}  # cached block -> registration order
-        self._num_registered = 0
+        # A block's generation is the number of its latest registration (0: never), so a
+        # parent evicted and registered again has a new one, and generations order
+        # registrations (a list: read per block).
+        self._generation = [0] * num_blocks
+        self._num_registrations = 0
 
     @property
     def num_free(self) -> int:
@@ -61,7 +68,8 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def cached_block(self, block_id: int) -> CachedBlock | None:
         """What block_id holds if it is cached, else None."""
-        return self._cached.get(block_id)
+        entry = self._cached.get(block_id)
+        return CachedBlock(*entry) if entry is not None else None
 
     def unowned_cached_blocks(self) -> list[int]:
         """Cached blocks no one owns, the next to be evicted first."""
@@ -71,8 +79,8 @@ class PrefixCachingAllocator(BlockAllocator):
     def allocate(self, n: int) -> np.ndarray:
         """n block ids, each with one owner: free ones, and when they run out, unowned cached
         ones, evicted oldest first onto the free stack."""
-        if n <= self.num_free:  # otherwise super() refuses it before anything is evicted
-            evicted = [self._unowned.popitem(last=False)[0] for _ in range(max(n - self._top, 0))]
+        if self._top < n <= self.num_free:  # past num_free super() refuses it before anything is evicted
+            evicted = [self._unowned.popitem(last=False)[0] for _ in range(n - self._top)]
             for block_id in evicted:
                 self._evict(block_id)
             super()._release(np.array(evicted, dtype=np.int32))
@@ -85,135 +93,139 @@ class PrefixCachingAllocator(BlockAllocator):
         for block_id in block_ids:
             if block_id not in self._cached:
                 raise ValueError(f"block {block_id} is not cached")
+        for block_id in block_ids:
             self._unowned.pop(block_id, None)
-            self._ref_counts[block_id] += 1
+        if block_ids:  # one call, not one per block (a miss, the common case, makes none)
+            np.add.at(self._ref_counts, np.asarray(block_ids, dtype=np.intp), 1)
 
     # --8<-- [start:lookup]
-    def lookup(self, token_ids: list[int], block_size: int) -> tuple[list[int], list[int]]:
-        """The longest cached prefix of token_ids in full blocks: (block ids, their keys)."""
+    def lookup(self, token_ids: list[int], keys: list[int], block_size: int) -> list[int]:
+        """The cached blocks of the longest prefix of token_ids' full blocks, whose keys
+        (chained, see `full_block_keys`) are `keys`: one block id per key matched."""
         blocks: list[int] = []
-        keys: list[int] = []
-        parent_key, parent_block, parent_generation = ROOT_KEY, -1, 0
-        for start in range(0, len(token_ids) - block_size + 1, block_size):
-            tokens = tuple(token_ids[start : start + block_size])
-            key = block_hash(parent_key, tokens)
+        parent_block, parent_generation = -1, 0
+        for key, tokens in zip(keys, zip(*[iter(token_ids)] * block_size)):  # tuples cut as the walk goes
             block_id = self._by_key.get(key)
-            entry = self._cached.get(block_id) if block_id is not None else None
-            if entry is None or entry.token_ids != tokens or entry.parent_block != parent_block:
+            if block_id is None:
                 break
-            if entry.parent_generation != parent_generation:
+            _, cached_tokens, cached_parent, cached_parent_generation = self._cached[block_id]
+            if cached_parent != parent_block or cached_parent_generation != parent_generation:
                 break
+            if cached_tokens != tokens:
+                break  # a collision
             blocks.append(block_id)
-            keys.append(key)
-            parent_key, parent_block = key, block_id
-            parent_generation = self._generation[block_id]
-        return blocks, keys
+            parent_block, parent_generation = block_id, self._generation[block_id]
+        return blocks
 
     # --8<-- [end:lookup]
 
-    def register(self, block_id: int, parent_key: int, token_ids: tuple[int, ...], parent_block: int) -> int:
-        """Make an owned full block, which follows parent_block (-1 for none) keyed parent_key,
-        findable by content; returns its key. Nothing changes when the key or the block is
-        cached already (the same prefix computed twice, or a collision)."""
-        if self._ref_counts[block_id] == 0:
-            raise ValueError(f"cannot register free block {block_id}")
-        key = block_hash(parent_key, token_ids)
-        if key in self._by_key or block_id in self._cached:
-            return key
-        parent_generation = self._generation[parent_block] if parent_block >= 0 else 0
-        self._generation[block_id] += 1
-        self._cached[block_id] = CachedBlock(key, token_ids, parent_block, parent_generation)
-        self._by_key[key] = block_id
-        self._registered_at[block_id] = self._num_registered
-        self._num_registered += 1
-        return key
+    def register(
+        self, block_ids: list[int], keys: list[int], token_ids: list[int], block_size: int, parent_block: int
+    ) -> None:
+        """Make owned full blocks findable by content: block_ids[i] holds token_ids[i * block_size:
+        (i + 1) * block_size], keyed keys[i], and follows block_ids[i - 1] (the first follows
+        parent_block, -1 for none). A block stays as it is when its key or the block is cached
+        already (the same prefix computed twice, or a collision); nothing changes on error."""
+        owners = self._ref_counts[block_ids]
+        if not owners.all():
+            raise ValueError(f"cannot register free block {block_ids[int(owners.argmin())]}")
+        by_key, cached, generation = self._by_key, self._cached, self._generation  # read once, not per block
+        registration = self._num_registrations
+        # zip(*[iter(span)] * n) cuts the span into tuples of n tokens in C, one tuple per block
+        for block_id, key, tokens in zip(block_ids, keys, zip(*[iter(token_ids)] * block_size)):
+            if key not in by_key and block_id not in cached:
+                parent_generation = generation[parent_block] if parent_block >= 0 else 0
+                registration += 1
+                generation[block_id] = registration
+                cached[block_id] = (key, tokens, parent_block, parent_generation)
+                by_key[key] = block_id
+            parent_block = block_id
+        self._num_registrations = registration
 
     def _release(self, released: np.ndarray) -> None:
         """Cached blocks wait, unowned, to be found or evicted, the latest registered of one
         release first (a sequence's tail goes before the prefix it extends); others go free."""
-        cached, uncached = [], []
-        for block_id in released.tolist():
-            (cached if block_id in self._cached else uncached).append(block_id)
-        cached.sort(key=lambda b: -self._registered_at[b])
-        for block_id in cached:
-            self._unowned[block_id] = None
+        block_ids = released.tolist()
+        cached = [block_id for block_id in block_ids if block_id in self._cached]
+        cached.sort(key=self._generation.__getitem__, reverse=True)  # a C key function, no lambda
+        self._unowned.update(dict.fromkeys(cached))
+        uncached = [block_id for block_id in block_ids if block_id not in self._cached]
         super()._release(np.array(uncached, dtype=np.int32))
 
     def _evict(self, block_id: int) -> None:
-        entry = self._cached.pop(block_id)
-        del self._by_key[entry.key]
-        del self._registered_at[block_id]
+        key, _, _, _ = self._cached.pop(block_id)
+        del self._by_key[key]
 
 
-def cached_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> tuple[list[int], list[int]]:
-    """The cached blocks (and keys) of seq's longest cached prefix of known tokens but the
+def full_block_keys(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
+    """seq.block_keys, extended to hold at least the keys of its first num_blocks blocks, which
+    must be full of known tokens. Each key is hashed once in seq's life: it depends only on
+    the tokens up to its block's end, which never change (preemption keeps them)."""
+    keys = seq.block_keys
+    if len(keys) < num_blocks:
+        parent_key = keys[-1] if keys else ROOT_KEY
+        span = seq.token_ids[len(keys) * block_size : num_blocks * block_size]
+        for tokens in zip(*[iter(span)] * block_size):  # the span as tuples of block_size tokens, cut in C
+            parent_key = block_hash(parent_key, tokens)
+            keys.append(parent_key)
+    return keys
+
+
+def lookup_keys(seq: Sequence, block_size: int) -> list[int]:
+    """The keys of the full blocks a lookup may find for seq: of its known tokens but the
     last, which is always computed so that the next token is sampled."""
-    tokens = seq.token_ids[: seq.num_tokens - 1]
-    if PENDING_TOKEN in tokens:
-        tokens = tokens[: tokens.index(PENDING_TOKEN)]
-    return cache.lookup(tokens, block_size)
+    num_blocks = _full_known_blocks(seq, seq.num_tokens - 1, block_size)
+    return full_block_keys(seq, num_blocks, block_size)[:num_blocks]
 
 
 # --8<-- [start:attach-register]
 def attach_prefix(
     cache: PrefixCachingAllocator, seq: Sequence, block_size: int, computing: Set[int] = frozenset()
 ) -> int | None:
-    """Give a waiting seq its cached prefix (one more owner per block), counted computed;
-    returns its length in tokens. None, attaching nothing, when the block after that prefix
-    is one that another sequence completes in this step (its key is in `computing`): seq
-    had better wait a step and find it cached than compute it a second time."""
-    blocks, keys = cached_prefix(cache, seq, block_size)
-    if computing and _next_block_key(seq, keys, block_size) in computing:
+    """Give a waiting seq its longest cached prefix (one more owner per block), counted
+    computed; returns its length in tokens. None, attaching nothing, when the block after
+    that prefix is one that another sequence completes in this step (its key is in
+    `computing`): seq had better wait a step and find it cached than compute it a second time."""
+    keys = lookup_keys(seq, block_size)
+    blocks = cache.lookup(seq.token_ids, keys, block_size)
+    if len(blocks) < len(keys) and keys[len(blocks)] in computing:
         return None
     cache.acquire(blocks)
     seq.block_table = blocks
-    seq.block_keys = keys
+    seq.num_registered_blocks = len(blocks)
     seq.num_computed_tokens = len(blocks) * block_size
     return seq.num_computed_tokens
 
 
 def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> None:
-    """Register seq's blocks that are full of computed, known tokens (a block holding the
-    placeholder of a token still on the device waits until the token is known)."""
-    for index, tokens in _unkeyed_full_blocks(seq, seq.num_computed_tokens, block_size):
-        parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
-        parent_block = seq.block_table[index - 1] if index else -1
-        seq.block_keys.append(cache.register(seq.block_table[index], parent_key, tokens, parent_block))
+    """Register seq's blocks that are full of computed, known tokens, all at once (a block
+    holding the placeholder of a token still on the device waits until the token is known)."""
+    start = seq.num_registered_blocks
+    end = _full_known_blocks(seq, seq.num_computed_tokens, block_size)
+    if end <= start:
+        return
+    keys = full_block_keys(seq, end, block_size)[start:end]
+    tokens = seq.token_ids[start * block_size : end * block_size]
+    parent_block = seq.block_table[start - 1] if start else -1
+    cache.register(seq.block_table[start:end], keys, tokens, block_size, parent_block)
+    seq.num_registered_blocks = end
 
 
 # --8<-- [end:attach-register]
 
 
-def _unkeyed_full_blocks(seq: Sequence, num_tokens: int, block_size: int):
-    """(index, token ids) of seq's blocks past those it has keys for, full within its first
-    num_tokens tokens, up to the first that holds a token still on the device."""
-    for index in range(len(seq.block_keys), num_tokens // block_size):
-        tokens = tuple(seq.token_ids[index * block_size : (index + 1) * block_size])
-        if PENDING_TOKEN in tokens:
-            return
-        yield index, tokens
+def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
+    """How many of seq's blocks are full within its first num_tokens tokens and hold no
+    placeholder (those are at the end of token_ids, so the first such block ends the run)."""
+    return min(num_tokens, seq.num_known_tokens) // block_size
 
 
 # --8<-- [start:in-flight]
 def computing_keys(seq: Sequence, num_new: int, block_size: int) -> list[int]:
     """The keys of the full blocks that seq's next num_new tokens complete: the blocks
     `register_computed_blocks` will register once the step computing them is launched."""
-    keys = []
-    parent_key = seq.block_keys[-1] if seq.block_keys else ROOT_KEY
-    for _, tokens in _unkeyed_full_blocks(seq, seq.num_computed_tokens + num_new, block_size):
-        parent_key = block_hash(parent_key, tokens)
-        keys.append(parent_key)
-    return keys
-
-
-def _next_block_key(seq: Sequence, found_keys: list[int], block_size: int) -> int | None:
-    """The key of the first full block of seq's tokens past its cached prefix (whose keys are
-    `found_keys`), the one its prefill would compute first; None when no full block follows."""
-    start = len(found_keys) * block_size
-    tokens = tuple(seq.token_ids[start : start + block_size])
-    if start + block_size > seq.num_tokens - 1 or PENDING_TOKEN in tokens:
-        return None
-    return block_hash(found_keys[-1] if found_keys else ROOT_KEY, tokens)
+    end = _full_known_blocks(seq, seq.num_computed_tokens + num_new, block_size)
+    return full_block_keys(seq, end, block_size)[seq.num_registered_blocks : end]
 
 
 # --8<-- [end:in-flight]

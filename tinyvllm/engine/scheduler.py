@@ -152,7 +152,7 @@ class Scheduler:
         del seq.token_ids[seq.num_known_tokens :]  # tokens still on the GPU are not its
         self.allocator.free(seq.block_table)
         seq.block_table = []
-        seq.block_keys = []
+        seq.num_registered_blocks = 0
         siblings.remove(seq)
         if not siblings:
             del self._unfinished[seq.request_id]
@@ -210,7 +210,7 @@ class Scheduler:
         for seq, num_new, samples in zip(batch.seqs, counts, sampling):
             seq.num_computed_tokens += num_new
             # the guard spares a call per sequence and step (30 us a step at batch 256)
-            if self._cache is not None and seq.num_computed_tokens // block_size > len(seq.block_keys):
+            if self._cache is not None and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
                 register_computed_blocks(self._cache, seq, block_size)
             if samples:
                 seq.pending_sample_row = len(batch.pending_indices)
@@ -237,7 +237,7 @@ class Scheduler:
                 continue
             seq.token_ids[index] = token
             # a block computed while this token was pending is full now
-            if self._cache is not None and seq.num_computed_tokens // block_size > len(seq.block_keys):
+            if self._cache is not None and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
                 register_computed_blocks(self._cache, seq, block_size)
             reason = check_stop(seq, token, index + 1, self._eos, self.config.max_model_len)
             if reason is not None:
@@ -269,7 +269,7 @@ class Scheduler:
         """Free seq's blocks and count nothing computed (cached blocks stay cached, unowned)."""
         self.allocator.free(seq.block_table)
         seq.block_table = []
-        seq.block_keys = []
+        seq.num_registered_blocks = 0
         seq.num_computed_tokens = 0
 
     # --8<-- [end:preempt]

@@ -85,7 +85,11 @@ class Sequence:
         self.num_computed_tokens = 0
         self.pending_sample_row = -1
         self.block_table: list[int] = []
-        self.block_keys: list[int] = []  # prefix-cache keys of the first blocks of block_table
+        # Prefix-cache keys of its first full blocks of known tokens, as far as hashed (kept
+        # across preemption: a key depends only on tokens, which stay), and how many blocks at
+        # the start of block_table the cache holds (registered, or found there).
+        self.block_keys: list[int] = []
+        self.num_registered_blocks = 0
         # Prompt tokens it did not compute at first admission (found cached, or forked from a
         # sibling); None until then.
         self.num_cached_tokens: int | None = None
