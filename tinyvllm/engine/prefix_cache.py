@@ -46,14 +46,17 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
-        self._by_key: dict[int, int] = {}
-        # block id -> a CachedBlock's fields as a plain tuple (key, token ids, parent block,
-        # parent generation): a NamedTuple's constructor is Python code, 0.2 us a block
-        self._cached: dict[int, tuple[int, tuple[int, ...], int, int]] = {}
+        self._by_key: dict[int, int] = {}  # key -> the cached block
         self._unowned: OrderedDict[int, None] = OrderedDict()  # cached, no owner: oldest first
+        # A cached block's CachedBlock fields, in lists indexed by block id: read per block, and
+        # an object per block would cost a Python constructor (0.2 us) and one more object for
+        # the cyclic GC to walk. _tokens is None for a block that is not cached.
+        self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._key = [0] * num_blocks
+        self._parent = [-1] * num_blocks
+        self._parent_generation = [0] * num_blocks
         # A block's generation is the number of its latest registration (0: never), so a
-        # parent evicted and registered again has a new one, and generations order
-        # registrations (a list: read per block).
+        # parent evicted and registered again has a new one, and generations order registrations.
         self._generation = [0] * num_blocks
         self._num_registrations = 0
 
@@ -64,12 +67,14 @@ class PrefixCachingAllocator(BlockAllocator):
     @property
     def num_cached(self) -> int:
         """Blocks findable by content, owned or not."""
-        return len(self._cached)
+        return len(self._by_key)
 
     def cached_block(self, block_id: int) -> CachedBlock | None:
         """What block_id holds if it is cached, else None."""
-        entry = self._cached.get(block_id)
-        return CachedBlock(*entry) if entry is not None else None
+        tokens = self._tokens[block_id]
+        if tokens is None:
+            return None
+        return CachedBlock(self._key[block_id], tokens, self._parent[block_id], self._parent_generation[block_id])
 
     def unowned_cached_blocks(self) -> list[int]:
         """Cached blocks no one owns, the next to be evicted first."""
@@ -91,7 +96,7 @@ class PrefixCachingAllocator(BlockAllocator):
     def acquire(self, block_ids: list[int]) -> None:
         """One more owner for each cached block (an unowned one stops being evictable)."""
         for block_id in block_ids:
-            if block_id not in self._cached:
+            if self._tokens[block_id] is None:
                 raise ValueError(f"block {block_id} is not cached")
         for block_id in block_ids:
             self._unowned.pop(block_id, None)
@@ -108,10 +113,9 @@ class PrefixCachingAllocator(BlockAllocator):
             block_id = self._by_key.get(key)
             if block_id is None:
                 break
-            _, cached_tokens, cached_parent, cached_parent_generation = self._cached[block_id]
-            if cached_parent != parent_block or cached_parent_generation != parent_generation:
+            if self._parent[block_id] != parent_block or self._parent_generation[block_id] != parent_generation:
                 break
-            if cached_tokens != tokens:
+            if self._tokens[block_id] != tokens:
                 break  # a collision
             blocks.append(block_id)
             parent_block, parent_generation = block_id, self._generation[block_id]
@@ -129,15 +133,17 @@ class PrefixCachingAllocator(BlockAllocator):
         owners = self._ref_counts[block_ids]
         if not owners.all():
             raise ValueError(f"cannot register free block {block_ids[int(owners.argmin())]}")
-        by_key, cached, generation = self._by_key, self._cached, self._generation  # read once, not per block
+        by_key, cached_tokens, generation = self._by_key, self._tokens, self._generation  # read once, not per block
         registration = self._num_registrations
         # zip(*[iter(span)] * n) cuts the span into tuples of n tokens in C, one tuple per block
         for block_id, key, tokens in zip(block_ids, keys, zip(*[iter(token_ids)] * block_size)):
-            if key not in by_key and block_id not in cached:
-                parent_generation = generation[parent_block] if parent_block >= 0 else 0
+            if key not in by_key and cached_tokens[block_id] is None:
+                self._parent_generation[block_id] = generation[parent_block] if parent_block >= 0 else 0
+                self._parent[block_id] = parent_block
+                self._key[block_id] = key
+                cached_tokens[block_id] = tokens
                 registration += 1
                 generation[block_id] = registration
-                cached[block_id] = (key, tokens, parent_block, parent_generation)
                 by_key[key] = block_id
             parent_block = block_id
         self._num_registrations = registration
@@ -146,15 +152,15 @@ class PrefixCachingAllocator(BlockAllocator):
         """Cached blocks wait, unowned, to be found or evicted, the latest registered of one
         release first (a sequence's tail goes before the prefix it extends); others go free."""
         block_ids = released.tolist()
-        cached = [block_id for block_id in block_ids if block_id in self._cached]
+        cached = [block_id for block_id in block_ids if self._tokens[block_id] is not None]
         cached.sort(key=self._generation.__getitem__, reverse=True)  # a C key function, no lambda
         self._unowned.update(dict.fromkeys(cached))
-        uncached = [block_id for block_id in block_ids if block_id not in self._cached]
+        uncached = [block_id for block_id in block_ids if self._tokens[block_id] is None]
         super()._release(np.array(uncached, dtype=np.int32))
 
     def _evict(self, block_id: int) -> None:
-        key, _, _, _ = self._cached.pop(block_id)
-        del self._by_key[key]
+        self._tokens[block_id] = None
+        del self._by_key[self._key[block_id]]
 
 
 def full_block_keys(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
