@@ -32,9 +32,7 @@ def check_array(name: str, array, dtype, shape: Sequence[int | None]) -> tuple[i
         raise ValueError(f"{name}: expected {len(shape)} dimensions, got shape {tuple(actual_shape)}")
     for axis, (actual, expected) in enumerate(zip(actual_shape, shape)):
         if expected is not None and actual != expected:
-            raise ValueError(
-                f"{name}: dimension {axis} is {actual}, expected {expected} (shape {tuple(actual_shape)})"
-            )
+            raise ValueError(f"{name}: dimension {axis} is {actual}, expected {expected} (shape {tuple(actual_shape)})")
     if not is_c_contiguous(array):
         raise ValueError(f"{name}: must be C-contiguous")
     return tuple(actual_shape)

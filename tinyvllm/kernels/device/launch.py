@@ -1,10 +1,9 @@
 """Kernel launches that skip Numba's per-call argument handling: `launch_kernel(kernel, grid, block, stream, *args)`.
 
-`kernel[grid, block, stream](*args)` costs the host 100 to 200 microseconds in numba-cuda
-0.30: the dispatcher types every argument, wraps each array in a strided memory view, looks
-up the CUDA context and builds a `cuda.core.LaunchConfig`. A decode step is a replayed
-graph and pays none of it, but a prefill step launches about 90 kernels, and on an H200
-that launching (18.8 ms a step of 8,192 tokens, 2026-12-04) was as long as the GPU's work.
+Each `kernel[grid, block, stream](*args)` makes numba-cuda 0.30 type every argument, wrap each
+array in a strided memory view, look up the CUDA context and build a `cuda.core.LaunchConfig`:
+tens of microseconds, more with more arrays. A decode step is a replayed graph and pays none
+of it, but a prefill step launches about 90 kernels besides its cuBLAS calls.
 
 So the first launch of a kernel with arguments of given Numba types goes through Numba,
 which compiles it, and records a *plan*: the compiled kernel and, for each parameter, how
@@ -12,9 +11,11 @@ Numba flattens it (an array is meminfo, parent, size, itemsize, data pointer, sh
 strides; a scalar one C value of its type). Later launches with the same types flatten the
 arguments by the plan and call `cuda.core.launch` directly. A plan is kept only if, on
 the arguments it was made from, it flattens them exactly as Numba's own code does; a kernel
-whose parameters it cannot flatten (records, tuples) always launches through Numba, and
-so does any launch inside `pdl.programmatic_launches` (graph captures, where launch time
-does not matter), and everything under the simulator.
+with a parameter it does not flatten (a boolean, a tuple, a record) always launches through
+Numba, and so does any launch inside `pdl.programmatic_launches` (graph captures, where
+launch time does not matter), and everything under the simulator. On the H200 the host's
+launch of an 8,192-token prefill step of Llama 3.2 1B went from 18.8 to 8.0 ms (2026-12-04,
+perf/profile_prefill.py).
 """
 
 import ctypes
@@ -66,19 +67,7 @@ def _argument_key(value) -> Any:
     return type(value)
 
 
-def _pack_c_array(array, out: list) -> None:
-    """A C-layout array, as Numba passes it: strides from the shape (a kernel typed for C
-    layout computes addresses from the shape alone)."""
-    shape, itemsize = array.shape, array.dtype.itemsize
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    pointer = array.gpu_data.device_ctypes_pointer.value if array.size else 0
-    out += (0, 0, array.size, itemsize, pointer or 0, *shape, *reversed(strides))
-
-
-def _pack_strided_array(array, out: list) -> None:
+def _pack_array(array, out: list) -> None:
     pointer = array.gpu_data.device_ctypes_pointer.value if array.size else 0
     out += (0, 0, array.size, array.dtype.itemsize, pointer or 0, *array.shape, *array.strides)
 
@@ -90,9 +79,15 @@ def _scalar_packer(c_type):
     return pack
 
 
-def _comparable(values: list) -> list:
-    """(type, value) of each flattened parameter; Numba gives an empty array's pointer as None."""
-    return [(type(v), v.value) if isinstance(v, ctypes._SimpleCData) else (int, v or 0) for v in values]
+def _comparable(values: list, shape: tuple | None) -> list:
+    """(type, value) of each flattened parameter of one argument. Numba gives an empty array's
+    pointer as None, and may give a C-contiguous array's canonical strides: the stride of a
+    dimension of extent 1 never moves an address, so it is left out."""
+    values = [(type(v), v.value) if isinstance(v, ctypes._SimpleCData) else (int, v or 0) for v in values]
+    if shape is not None:
+        strides = values[len(values) - len(shape) :]
+        values[len(values) - len(shape) :] = [None if n == 1 else v for n, v in zip(shape, strides)]
+    return values
 
 
 def _make_plan(kernel, args: tuple, stream) -> Plan | None:
@@ -103,18 +98,20 @@ def _make_plan(kernel, args: tuple, stream) -> Plan | None:
         return None
     packers = []
     for numba_type, value in zip(compiled.argument_types, args):
-        if isinstance(numba_type, Array) and hasattr(value, "gpu_data"):
-            packers.append(_pack_c_array if numba_type.layout == "C" else _pack_strided_array)
+        is_array = isinstance(numba_type, Array) and hasattr(value, "gpu_data")
+        if is_array:
+            pack = _pack_array
         elif type(value) in _SCALARS and str(numba_type) == np.dtype(_SCALARS[type(value)]).name:
-            packers.append(_scalar_packer(_SCALARS[type(value)]))
+            pack = _scalar_packer(_SCALARS[type(value)])
         else:
             return None
-    ours, numbas = [], []
-    for pack, numba_type, value in zip(packers, compiled.argument_types, args):
+        ours, numbas = [], []
         pack(value, ours)
         compiled._prepare_args(numba_type, value, stream, [], numbas)
-    if _comparable(ours) != _comparable(numbas):
-        return None
+        shape = tuple(value.shape) if is_array else None
+        if _comparable(ours, shape) != _comparable(numbas, shape):
+            return None
+        packers.append(pack)
     return Plan(compiled._codelibrary.get_cufunc().kernel, tuple(packers))
 
 
