@@ -28,7 +28,6 @@ sequences (`disable_cascade_attn=False`). Results: perf/results/profile_step.jso
 import argparse
 import cProfile
 import json
-import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -38,7 +37,7 @@ import numpy as np
 from numba import cuda
 
 from perf.models import model_dir
-from perf.timing import hold, result_header
+from perf.timing import hold, profile_rows, result_header
 from tinyvllm.backends.sampler_options import PLAIN_SAMPLER
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
@@ -145,17 +144,7 @@ def host_functions(engine: LLMEngine, top: int = 15, steps: int = REPEATS) -> li
     for _ in range(steps):
         engine.step()
     profiler.disable()
-    stats = pstats.Stats(profiler).stats
-    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
-    return [
-        {
-            "function": f"{Path(file).name}:{line}({name})",
-            "calls_per_step": calls / steps,
-            "own_us_per_step": own * 1e6 / steps,
-            "total_us_per_step": total * 1e6 / steps,
-        }
-        for (file, line, name), (_, calls, own, total, _) in rows
-    ]
+    return profile_rows(profiler, steps, top)
 
 
 def print_host_functions(rows: list[dict]) -> None:

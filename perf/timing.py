@@ -26,9 +26,11 @@ the command that produced it, the fields of `tinyvllm.provenance.run_header`, wh
 """
 
 import functools
+import pstats
 import statistics
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
@@ -132,3 +134,17 @@ def result_header() -> dict:
     device = cuda.get_current_device()
     name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
     return {**run_header("cuda", " ".join(sys.orig_argv)), "device": name}
+
+
+def profile_rows(profiler, steps: int, top: int) -> list[dict]:
+    """A cProfile run's `top` functions by time of their own, each per step of `steps`."""
+    rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])[:top]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_step": calls / steps,
+            "own_us_per_step": own * 1e6 / steps,
+            "total_us_per_step": total * 1e6 / steps,
+        }
+        for (file, line, name), (_, calls, own, total, _) in rows
+    ]

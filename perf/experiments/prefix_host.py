@@ -23,7 +23,6 @@ with the most time of their own. Results: perf/results/experiments/prefix_host.j
 import argparse
 import cProfile
 import json
-import pstats
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.timing import profile_rows
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
@@ -120,16 +120,7 @@ def profile(prompts: list[list[int]], top: int) -> list[dict]:
     profiler.enable()
     steps = len(run(scheduler))
     profiler.disable()
-    rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])[:top]
-    return [
-        {
-            "function": f"{Path(file).name}:{line}({name})",
-            "calls_per_step": calls / steps,
-            "own_us_per_step": own * 1e6 / steps,
-            "total_us_per_step": total * 1e6 / steps,
-        }
-        for (file, line, name), (_, calls, own, total, _) in rows
-    ]
+    return profile_rows(profiler, steps, top)
 
 
 def main() -> None:
