@@ -41,8 +41,10 @@ class Plan(NamedTuple):
 
 
 _plans: dict[tuple, Plan | None] = {}  # (dispatcher, argument keys) -> plan; None: always through Numba
-_configs: dict[tuple, Any] = {}  # (grid, block, shared bytes) -> LaunchConfig
-_streams: dict[Any, Any] = {}  # a Numba stream (or 0) -> its cuda.core Stream
+# (grid, block, shared bytes) -> LaunchConfig: grids follow token counts, so at most a few per
+# count the token budget allows
+_configs: dict[tuple, Any] = {}
+_streams: dict[Any, Any] = {}  # a Numba stream (or 0) -> its cuda.core Stream: one per backend made
 _thread = threading.local()  # whether this thread's CUDA context is current
 
 _SCALARS = {
