@@ -26,6 +26,7 @@ import numpy as np
 from numba import cuda
 
 from tinyvllm.kernels.device.simulator import SIMULATOR
+from tinyvllm.kernels.device.vector_io import data_address
 
 if not SIMULATOR:
     from cuda.core import LaunchConfig
@@ -70,8 +71,7 @@ def _argument_key(value) -> Any:
 
 
 def _pack_array(array, out: list) -> None:
-    pointer = array.gpu_data.device_ctypes_pointer.value if array.size else 0
-    out += (0, 0, array.size, array.dtype.itemsize, pointer or 0, *array.shape, *array.strides)
+    out += (0, 0, array.size, array.dtype.itemsize, data_address(array), *array.shape, *array.strides)
 
 
 def _scalar_packer(c_type):
