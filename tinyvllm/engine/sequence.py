@@ -71,8 +71,10 @@ class Sequence:
         prompt: str | None = None,
         index: int = 0,
     ) -> None:
-        """One completion of a request (the `index`-th); a lone sequence is its own group."""
-        token_ids = list(map(int, prompt_token_ids))
+        """One completion of a request (the `index`-th); a lone sequence is its own group.
+        `prompt_token_ids` are Python ints (LLMEngine's tokenizing makes them so), copied."""
+        # a plain copy: list(map(int, ...)) took 90 us of a 2,112-token prompt's admission
+        token_ids = list(prompt_token_ids)
         if not token_ids:
             raise ValueError("prompt_token_ids must hold at least one token")
         self.request_id = request_id
