@@ -98,6 +98,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of an id (its raw form, e.g. "Ġworld" in byte-level BPE), None past the vocabulary."""
+        return self.backend.id_to_token(token_id)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. prepends BOS)."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -116,11 +116,7 @@ def parse_chat(
     body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
 ) -> GenerationRequest:
     """A /v1/chat/completions body -> GenerationRequest, the messages rendered and tokenized."""
-    messages = _messages(body)
-    try:
-        prompt = tokenizer.encode_chat(messages)
-    except (TemplateError, TokenizerError) as error:  # the template's raise_exception, or no template at all
-        raise OpenAIError(400, f"messages: {error}", param="messages") from None
+    prompt = encode_messages(tokenizer, chat_messages(body))
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
     max_tokens = _max_tokens(body, name, default, max_tokens_limit)
@@ -236,19 +232,31 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
         message = "prompt: a list of prompts is not supported; send one request per prompt"
         raise OpenAIError(400, message, param="prompt")
-    raise OpenAIError(400, f"prompt must be a string or a list of token ids, got {_kind(prompt)}", param="prompt")
+    raise OpenAIError(400, f"prompt must be a string or a list of token ids, got {type_name(prompt)}", param="prompt")
 
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _messages(body: dict) -> list[dict]:
+def encode_messages(
+    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True, add_special_tokens: bool = False
+) -> list[int]:
+    """The prompt ids of checked messages (`chat_messages`) through the model's chat template; a 400
+    naming `messages` when the template refuses them (its raise_exception) or there is none."""
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except (TemplateError, TokenizerError) as error:
+        raise OpenAIError(400, f"messages: {error}", param="messages") from None
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def chat_messages(body: dict) -> list[dict]:
     """[{role, content}] with text content; content parts {"type": "text", "text"} are joined by newlines."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise OpenAIError(400, f"messages must be a non-empty list of {{role, content}} objects, got {_kind(messages)}",
-                          param="messages")  # fmt: skip
+        message = f"messages must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
+        raise OpenAIError(400, message, param="messages")
     checked = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
@@ -270,7 +278,7 @@ def _text_part(part: Any, where: str) -> str:
     return part["text"]
 
 
-def _kind(value: Any) -> str:
+def type_name(value: Any) -> str:
     return "nothing" if value is None else type(value).__name__
 
 

@@ -7,6 +7,9 @@
                                one step has run past the stall timeout
     GET  /metrics              Prometheus text (`tinyvllm.serving.metrics`); ?format=json: the
                                engine's stats as JSON
+    POST /tokenize, /detokenize  vLLM's: the model's token ids of a prompt or chat, and back
+                               (`tinyvllm.serving.tokenize`)
+    GET  /version              {"version": tinyvllm's}
 
 Both generation endpoints stream server-sent events with `"stream": true` (per step, one chunk
 for each choice whose text that step made final, then `data: [DONE]`), and answer with one JSON
@@ -40,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tinyvllm import __version__
 from tinyvllm.config import EngineConfig
 from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, RequestStream
 from tinyvllm.engine.detokenizer import partial_stop_length
@@ -61,6 +65,7 @@ from tinyvllm.serving.protocol import (
     response_head,
     usage,
 )  # fmt: skip
+from tinyvllm.serving.tokenize import detokenize, tokenize
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -103,6 +108,9 @@ class OpenAIServer:
         routes = [
             Route("/health", self.health),
             Route("/metrics", self.metrics),
+            Route("/version", self.version),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
             Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -134,6 +142,19 @@ class OpenAIServer:
         if request.query_params.get("format") == "json":
             return JSONResponse(self.engine.stats())
         return Response(self.request_metrics.render(), media_type=CONTENT_TYPE)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await read_json(request, self.config.max_body_bytes)
+        check_model(body, self.config.served_model_name)
+        return JSONResponse(tokenize(body, self.engine.engine.tokenizer, self.engine.engine.max_model_len))
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await read_json(request, self.config.max_body_bytes)
+        check_model(body, self.config.served_model_name)
+        return JSONResponse(detokenize(body, self.engine.engine.tokenizer))
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.config.served_model_name, "object": "model", "created": self.created,
