@@ -27,6 +27,11 @@ def greedy(**fields) -> SamplingParams:
     return SamplingParams(**{"temperature": 0.0, "max_tokens": 24, "ignore_eos": True, **fields})
 
 
+def completions(llm, runs: list[SamplingParams]) -> list:
+    """TEXT's first completion under each of `runs`, generated together."""
+    return [output.outputs[0] for output in llm.generate([TEXT] * len(runs), runs, use_tqdm=False)]
+
+
 def test_every_field_of_a_finished_output(llm):
     (output,) = llm.generate(TEXT, greedy(n=2), use_tqdm=False)
     assert [field.name for field in dataclasses.fields(RequestOutput)] == [
@@ -80,6 +85,39 @@ def test_stop_reason_is_the_stop_token_id_that_ended_it(llm):
     assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_token)
     assert completion.token_ids == free.token_ids[: free.token_ids.index(stop_token) + 1]
     assert_no_leak(llm)
+
+
+def test_what_stopped_it_is_in_the_text_only_when_asked(llm):
+    """vLLM's rule: the stop string, or the text of the stop token id, is left out of the text
+    unless include_stop_str_in_output. Oracle for a token: the same request ended by length one
+    token earlier (without it) or at it (with it)."""
+    free = llm.generate(TEXT, greedy(), use_tqdm=False)[0].outputs[0]
+    stop = free.text[6:8]
+    cut, kept = completions(llm, [greedy(stop=[stop]), greedy(stop=[stop], include_stop_str_in_output=True)])
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert (kept.text, kept.stop_reason) == (free.text[: free.text.index(stop) + len(stop)], stop)
+
+    stop_token = next(t for t in free.token_ids[1:] if 32 <= t < 127)  # a printable byte: its text is not empty
+    length = free.token_ids.index(stop_token) + 1
+    runs = [greedy(stop_token_ids=[stop_token]), greedy(stop_token_ids=[stop_token], include_stop_str_in_output=True),
+            greedy(max_tokens=length - 1), greedy(max_tokens=length)]  # fmt: skip
+    without, with_token, shorter, as_long = completions(llm, runs)
+    assert without.token_ids == with_token.token_ids == as_long.token_ids  # the ids keep the stop token
+    assert (without.text, with_token.text) == (shorter.text, as_long.text) and shorter.text != as_long.text
+    assert_no_leak(llm)
+
+
+def test_special_tokens_are_in_the_text_only_when_not_skipped(llm):
+    tokenizer = llm.get_tokenizer()
+    special = set(tokenizer.backend.get_added_tokens_decoder())  # the tiny tokenizer's BOS, EOS and chat markers
+    runs = [SamplingParams(temperature=1.0, seed=2, max_tokens=80, ignore_eos=True, skip_special_tokens=skip)
+            for skip in (True, False)]  # fmt: skip
+    skipped, kept = completions(llm, runs)
+    assert skipped.token_ids == kept.token_ids
+    names = [tokenizer.id_to_token(t) for t in kept.token_ids if t in special]
+    assert names, "the tiny model sampled no special token for this test"
+    assert [kept.text.count(name) for name in names] == [names.count(name) for name in names]
+    assert not any(name in skipped.text for name in names)
 
 
 def test_a_request_aborted_midway_has_reported_only_unfinished_outputs(llm):

@@ -132,15 +132,16 @@ def test_penalties_and_minimums_reach_the_engine(client, oracle):
     assert (response.choices[0].text, response.choices[0].finish_reason) == (text, reason)
 
 
-def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle):
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle, include_stop):
     params = dict(temperature=1.0, seed=3, max_tokens=48, ignore_eos=True)
     full, _, _ = expected(oracle, PROMPTS[0], **params)
     # a two-character stop string from the middle of the text: its first character is held back while streaming
     start = next(i for i in range(4, len(full) - 1) if full[i : i + 2].isascii() and full[i : i + 2].isprintable())
     stop = full[start : start + 2]
-    cut = full[: full.index(stop)]
+    cut = full[: full.index(stop) + (len(stop) if include_stop else 0)]  # include_stop_str_in_output keeps it
     request = dict(model=MODEL_NAME, prompt=PROMPTS[0], stop=[stop], max_tokens=48, temperature=1.0, seed=3,
-                   extra_body={"ignore_eos": True})  # fmt: skip
+                   extra_body={"ignore_eos": True, "include_stop_str_in_output": include_stop})  # fmt: skip
     response = client.completions.create(**request)
     assert (response.choices[0].text, response.choices[0].finish_reason) == (cut, "stop")
     chunks = list(client.completions.create(**request, stream=True))

@@ -27,6 +27,11 @@ class LLM:
         self.engine = LLMEngine(model, **kwargs)
         self.tokenizer = self.engine.tokenizer
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine underneath (vLLM's name for it; `engine` here)."""
+        return self.engine
+
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer (vLLM's name)."""
         return self.tokenizer

@@ -59,6 +59,10 @@ class SamplingParams:
         prompt_logprobs: the same for each prompt token given the tokens before it (the first
             has none), raw as `logprobs`; None returns none. In [0, 20]. A request that asks
             computes its whole prompt: it reads nothing from the prefix cache.
+        skip_special_tokens: leave special tokens (BOS, EOS, chat markers) out of the text; the
+            token ids keep them.
+        include_stop_str_in_output: keep what stopped generation in the text: the stop string,
+            or the text of the EOS or stop token id (vLLM's rule; by default neither is in it).
     """
 
     n: int = 1  # completions per request, each sampled from its own seed stream
@@ -77,6 +81,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
@@ -97,8 +103,9 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _stop_token_ids(self.stop_token_ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.seed is not None:
             self.seed = _integer("seed", self.seed)
             if not 0 <= self.seed < SEED_LIMIT:

@@ -133,7 +133,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._request_ids))
         seqs = new_sequences(request_id, token_ids, params, prompt=text)
         self.scheduler.add(seqs)
-        detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids) for _ in seqs]
+        detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens) for _ in seqs]
         self._requests[request_id] = _Request(seqs, detokenizers, final_only, [False] * len(seqs))
         return request_id
 
@@ -222,15 +222,21 @@ class LLMEngine:
     def _progress(self, request: _Request, seq: Sequence) -> None:
         """Detokenize seq's new tokens and apply its stop strings."""
         detokenizer = request.detokenizers[seq.index]
+        params = seq.sampling_params
         before = len(detokenizer.text)
-        detokenizer.step(seq.token_ids[len(detokenizer.token_ids) : seq.num_known_tokens])
+        new_ids = seq.token_ids[len(detokenizer.token_ids) : seq.num_known_tokens]
+        if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
+            new_ids = new_ids[:-1]  # an EOS or stop token id ended it (a stop string ends it below)
+        detokenizer.step(new_ids)
         if seq.is_finished:
             detokenizer.finish()
         new_chars = len(detokenizer.text) - before
-        stop = find_stop_string(detokenizer.text, seq.sampling_params.stop, new_chars)
-        if stop is not None and len(seq.completion_token_ids) >= seq.sampling_params.min_tokens:
-            detokenizer.text = detokenizer.text[: stop[0]]
-            self.scheduler.finish(seq, "stop", stop[1])
+        stop = find_stop_string(detokenizer.text, params.stop, new_chars)
+        if stop is not None and len(seq.completion_token_ids) >= params.min_tokens:
+            start, stop_string = stop
+            end = start + len(stop_string) if params.include_stop_str_in_output else start
+            detokenizer.text = detokenizer.text[:end]
+            self.scheduler.finish(seq, "stop", stop_string)
         request.done[seq.index] = seq.is_finished
 
     def _forget(self, request_id: str) -> None:

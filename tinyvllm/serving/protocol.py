@@ -9,11 +9,11 @@ Supported: model, prompt / messages, max_tokens (and max_completion_tokens for c
 temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
 0 .. n-1, from one request whose prompt is computed once), presence_penalty,
 frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
-repetition_penalty, min_p and min_tokens; logprobs, OpenAI's way for each endpoint (chat:
-`logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`; N in [0, 20], the raw
-model distribution as vLLM's default). Fields left out (or null) take the
-model's generation_config.json defaults for temperature, top_p and top_k, like vLLM.
-max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
+repetition_penalty, min_p, min_tokens, skip_special_tokens and include_stop_str_in_output;
+logprobs, OpenAI's way for each endpoint (chat: `logprobs: true` and `top_logprobs: N`;
+completions: `logprobs: N`; N in [0, 20], the raw model distribution as vLLM's default).
+Fields left out (or null) take the model's generation_config.json defaults for temperature,
+top_p and top_k, like vLLM. max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
 the context is refused with both numbers, as vLLM does. One prompt per request: a list of prompts is
 refused (send one request each). Fields tinyvllm cannot honour (echo, logit_bias, tools,
@@ -41,10 +41,11 @@ UNSUPPORTED = {  # field: the values that mean "not used"
     "tools": ([],),
     "response_format": ({"type": "text"},),
 }
-PENALTIES_AND_MIN = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens")
+PASSED_THROUGH = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+                  "skip_special_tokens", "include_stop_str_in_output")  # fmt: skip
 """SamplingParams fields a request passes through as they are (left out or null: SamplingParams' default)."""
 FIELDS = {
-    *PENALTIES_AND_MIN,
+    *PASSED_THROUGH,
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", "logprobs", "top_logprobs",
     "prompt_logprobs", *UNSUPPORTED,
@@ -187,7 +188,7 @@ def _generation(
             seed=body.get("seed"),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            **{name: body[name] for name in PENALTIES_AND_MIN if body.get(name) is not None},
+            **{name: body[name] for name in PASSED_THROUGH if body.get(name) is not None},
         )
     except ValueError as error:
         raise bad_request(error) from None

@@ -20,8 +20,9 @@ a bad field or malformed JSON, 404 for another model's name, 413 for a body over
 KV blocks at once, streaming or not.
 
 While streaming, text that could be the start of a stop string is held back until the
-next tokens tell (the engine cuts a stop string when it completes), so the streamed
-deltas always add up to the non-streamed text.
+next tokens tell (the engine cuts a stop string when it completes; with
+include_stop_str_in_output nothing is cut, so nothing is held), so the streamed deltas always
+add up to the non-streamed text.
 
 With an API key (`--api-key` or VLLM_API_KEY), /v1/* needs `Authorization: Bearer <key>`; without
 one it binds 127.0.0.1 unless told otherwise. Request and stats logs: `tinyvllm.serving.middleware`.
@@ -252,7 +253,9 @@ async def stream_events(
 ) -> AsyncIterator[bytes]:
     """The SSE chunks of one request's outputs: for each choice, deltas of final text (with
     the logprobs of the tokens since the last chunk) and its finish reason; then usage, [DONE]."""
-    stop, top = generation.params.stop, generation.params.logprobs
+    params = generation.params
+    stop = [] if params.include_stop_str_in_output else params.stop  # kept in the text: nothing to hold back
+    top = params.logprobs
     extra = {"usage": None} if generation.include_usage else {}
     n = generation.params.n
     for index in range(n):
