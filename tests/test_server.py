@@ -248,7 +248,9 @@ COMPLETION_ERRORS = [
     ({"ignore_eos": "no"}, "ignore_eos"),
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": True}, "logprobs"),
-    ({"echo": True}, "echo"),
+    ({"echo": "yes"}, "echo"),
+    ({"echo": True, "stream": True}, "echo"),
+    ({"max_tokens": 0, "echo": False}, "max_tokens"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": "high"}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
@@ -281,6 +283,7 @@ CHAT_ERRORS = [
     ({"logprobs": 1}, "logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"echo": True}, "echo"),
 ]
 
 

@@ -125,3 +125,41 @@ def test_prompt_logprobs_are_refused_when_streamed_or_out_of_range(client):
         stream = extra.pop("stream", False)
         with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
             client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, stream=stream, extra_body=extra)
+
+
+def _prompt_scores(oracle, count: int):
+    """The offline engine's prompt logprobs of PROMPT: its ids, and per token after the first
+    (its text, its logprob)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=count)
+    [output] = oracle.generate(PROMPT, params, use_tqdm=False)
+    ids = output.prompt_token_ids
+    return ids, [(entry[t].decoded_token, entry[t].logprob) for t, entry in zip(ids[1:], output.prompt_logprobs[1:])]
+
+
+def test_echo_with_no_new_tokens_scores_the_prompt(client, oracle):
+    """vLLM's and the harnesses' way to score a text: echo, max_tokens 0, logprobs N."""
+    ids, scored = _prompt_scores(oracle, 2)
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, echo=True, max_tokens=0, logprobs=2)
+    choice = response.choices[0]
+    assert choice.text == PROMPT
+    first = oracle.get_tokenizer().decode([ids[0]])
+    assert choice.logprobs.tokens == [first] + [text for text, _ in scored]
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx([logprob for _, logprob in scored], abs=TOLERANCE)
+    assert all(len(top) >= 1 for top in choice.logprobs.top_logprobs[1:])
+
+
+def test_echo_puts_the_prompt_before_the_completion(client, oracle):
+    expected = _offline(oracle, PROMPT, 3)
+    _, scored = _prompt_scores(oracle, 3)
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, echo=True, logprobs=3, **GREEDY)
+    logprobs = response.choices[0].logprobs
+    assert response.choices[0].text == PROMPT + expected.text
+    generated = [entry[token].decoded_token for entry, token in zip(expected.logprobs, expected.token_ids)]
+    assert logprobs.tokens[1:] == [text for text, _ in scored] + generated
+    assert logprobs.text_offset == [sum(len(text) for text in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, echo=True, **GREEDY).choices[0]
+    assert (plain.text, plain.logprobs) == (PROMPT + expected.text, None)
+    ids = oracle.get_tokenizer().encode(PROMPT)
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, echo=True, **GREEDY).choices[0]
+    assert by_ids.text == oracle.get_tokenizer().decode(ids) + expected.text

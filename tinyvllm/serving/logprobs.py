@@ -17,27 +17,47 @@ def _sampled(completion: CompletionOutput, start: int) -> list[tuple[Logprob, di
     return [(entry[token], entry) for token, entry in zip(completion.token_ids[start:], completion.logprobs[start:])]
 
 
-def completion_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | None:
-    """/v1/completions' legacy lists for the tokens from `start` on: their texts, logprobs,
-    {text: logprob} of the top ones and the sampled one, and where each text starts in the
-    completion's text (the decoded tokens laid end to end); None without logprobs. `top` is
-    the chat shape's; here each dict holds the token's whole entry, as vLLM's does."""
-    if completion.logprobs is None:
-        return None
-    offset = sum(len(sampled.decoded_token) for sampled, _ in _sampled(completion, 0)[:start])
-    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    for sampled, entry in _sampled(completion, start):
-        tokens.append(sampled.decoded_token)
-        token_logprobs.append(sampled.logprob)
-        top_logprobs.append({logprob.decoded_token: logprob.logprob for logprob in entry.values()})
+LegacyRow = tuple[str, float | None, dict[str, float] | None]
+"""One token in /v1/completions' legacy lists: its text, its logprob and {text: logprob} of its
+entry (both None for a prompt's first token, which has no logprob)."""
+
+
+def legacy_row(entry: dict[int, Logprob], token: int) -> LegacyRow:
+    """The row of `token`, whose entry (vLLM's {token id: Logprob}) is `entry`."""
+    sampled = entry[token]
+    return (
+        sampled.decoded_token,
+        sampled.logprob,
+        {logprob.decoded_token: logprob.logprob for logprob in entry.values()},
+    )
+
+
+def completion_rows(completion: CompletionOutput) -> list[LegacyRow]:
+    return [legacy_row(entry, token) for token, entry in zip(completion.token_ids, completion.logprobs)]
+
+
+def legacy_logprobs(rows: list[LegacyRow], start: int = 0) -> dict:
+    """The legacy lists of rows[start:]: texts, logprobs, top dicts, and where each text starts
+    in the text all the rows' tokens make laid end to end."""
+    offset = sum(len(text) for text, _, _ in rows[:start])
+    text_offset = []
+    for text, _, _ in rows[start:]:
         text_offset.append(offset)
-        offset += len(sampled.decoded_token)
+        offset += len(text)
     return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": top_logprobs,
+        "tokens": [text for text, _, _ in rows[start:]],
+        "token_logprobs": [logprob for _, logprob, _ in rows[start:]],
+        "top_logprobs": [top for _, _, top in rows[start:]],
         "text_offset": text_offset,
     }
+
+
+def completion_logprobs(completion: CompletionOutput, start: int, top: int) -> dict | None:
+    """/v1/completions' legacy lists for the generated tokens from `start` on; None without
+    logprobs. `top` is the chat shape's; here each dict holds the token's whole entry, as vLLM's does."""
+    if completion.logprobs is None:
+        return None
+    return legacy_logprobs(completion_rows(completion), start)
 
 
 def _chat_token(logprob: Logprob) -> dict:

@@ -16,8 +16,9 @@ Fields left out (or null) take the model's generation_config.json defaults for t
 top_p and top_k, like vLLM. max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
 the context is refused with both numbers, as vLLM does. One prompt per request: a list of prompts is
-refused (send one request each). Fields tinyvllm cannot honour (echo, logit_bias, tools,
-...) are refused unless they hold their default value; unknown fields are ignored.
+refused (send one request each). Completions take `echo` (`echo.py`). Fields tinyvllm cannot honour
+(logit_bias, tools, chat's echo, ...) are refused unless they hold their default value; unknown fields
+are ignored.
 """
 
 import re
@@ -33,7 +34,7 @@ from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.serving.logprobs import chat_logprobs, completion_logprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-UNSUPPORTED = {  # field: the values that mean "not used"
+UNSUPPORTED = {  # field: the values that mean "not used" (completions honour echo: `echo.py`)
     "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
@@ -85,6 +86,9 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     prompt_field: str  # "prompt" or "messages": where the engine's prompt errors point
+    prompt_logprobs_field: bool = False  # asked for by name (echo asks for them without it): in the response
+    echo: str | None = None  # completions' echo: the prompt's text, put in front of each choice's
+    echo_only: bool = False  # echo with max_tokens 0: each choice is the prompt alone
 
 
 def check_model(body: dict, served_model_name: str) -> None:
@@ -100,8 +104,15 @@ def parse_completion(
 ) -> GenerationRequest:
     """A /v1/completions body -> GenerationRequest, a text prompt tokenized (once: the
     context check counts its tokens, and the engine takes them as they are)."""
-    max_tokens = _max_tokens(body, "max_tokens", min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit), max_tokens_limit)
-    prompt = _prompt(body)
+    echo = _given(body, "echo", False)
+    if not isinstance(echo, bool):
+        raise OpenAIError(400, f"echo must be a boolean, got {echo!r}", param="echo")
+    if echo and body.get("stream") is True:
+        raise OpenAIError(400, "echo is not supported with stream: true", param="echo")
+    echo_only = echo and body.get("max_tokens") == 0  # a score of the prompt: nothing generated shown
+    default = min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit)
+    max_tokens = 1 if echo_only else _max_tokens(body, "max_tokens", default, max_tokens_limit)
+    prompt = text = _prompt(body)
     if isinstance(prompt, str):
         if not prompt:
             raise OpenAIError(400, "prompt: must not be empty", param="prompt")
@@ -110,7 +121,13 @@ def parse_completion(
     logprobs = body.get("logprobs")
     if logprobs is not None:
         _check_logprobs_count("logprobs", logprobs)
-    return _generation(body, prompt, defaults, max_tokens, "prompt", logprobs)
+    # with echo, logprobs cover the prompt too (vLLM's rule)
+    prompt_logprobs = _given(body, "prompt_logprobs", logprobs if echo else None)
+    generation = _generation(body, prompt, defaults, max_tokens, "prompt", logprobs, prompt_logprobs, ("echo",))
+    if echo:  # the prompt as given; token ids as their text
+        generation.echo = text if isinstance(text, str) else tokenizer.decode(prompt)
+        generation.echo_only = echo_only
+    return generation
 
 
 def parse_chat(
@@ -122,7 +139,8 @@ def parse_chat(
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
     max_tokens = _max_tokens(body, name, default, max_tokens_limit)
     _check_context(body, name, len(prompt), max_tokens, max_model_len)
-    return _generation(body, prompt, defaults, max_tokens, "messages", _chat_logprobs(body))
+    logprobs = _chat_logprobs(body)
+    return _generation(body, prompt, defaults, max_tokens, "messages", logprobs, body.get("prompt_logprobs"))
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -163,15 +181,17 @@ def _generation(
     max_tokens: int,
     prompt_field: str,
     logprobs: int | None,
+    prompt_logprobs: int | None,
+    honoured: tuple[str, ...] = (),
 ) -> GenerationRequest:
+    """The request's SamplingParams; `honoured` are the UNSUPPORTED fields the endpoint takes."""
     for name, unused in UNSUPPORTED.items():
-        if not _is_default(body.get(name), unused):
+        if name not in honoured and not _is_default(body.get(name), unused):
             raise OpenAIError(400, f"{name} is not supported by tinyvllm (leave it out)", param=name)
     stream = _given(body, "stream", False)
     if not isinstance(stream, bool):
         raise OpenAIError(400, f"stream must be a boolean, got {stream!r}", param="stream")
-    prompt_logprobs = body.get("prompt_logprobs")  # vLLM's extra field
-    if prompt_logprobs is not None:
+    if prompt_logprobs is not None:  # vLLM's extra field
         _check_logprobs_count("prompt_logprobs", prompt_logprobs)
         if stream:  # as vLLM answers
             raise OpenAIError(400, "prompt_logprobs are not available with stream: true", param="prompt_logprobs")
@@ -192,7 +212,8 @@ def _generation(
         )
     except ValueError as error:
         raise bad_request(error) from None
-    return GenerationRequest(prompt, params, stream, _include_usage(body, stream), prompt_field)
+    asked = body.get("prompt_logprobs") is not None
+    return GenerationRequest(prompt, params, stream, _include_usage(body, stream), prompt_field, asked)
 
 
 def _given(body: dict, name: str, default: Any) -> Any:

@@ -50,6 +50,7 @@ from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, Request
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.serving.echo import echo_choice
 from tinyvllm.serving.logprobs import prompt_logprobs
 from tinyvllm.serving.metrics import CONTENT_TYPE, ServerMetrics
 from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever, logger
@@ -196,9 +197,12 @@ class OpenAIServer:
         if output is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         top = generation.params.logprobs
-        choices = [api.choice(c.index, c.text, c.finish_reason, api.logprobs(c, 0, top)) for c in output.outputs]
+        if generation.echo is not None:
+            choices = [echo_choice(generation, output, c, self.engine.engine.tokenizer) for c in output.outputs]
+        else:
+            choices = [api.choice(c.index, c.text, c.finish_reason, api.logprobs(c, 0, top)) for c in output.outputs]
         response = {**head, "choices": choices, "usage": usage(output)}
-        if generation.params.prompt_logprobs is not None:  # where vLLM puts them: per choice, or per response
+        if generation.prompt_logprobs_field:  # where vLLM puts them: per choice, or per response
             api.add_prompt_logprobs(response, prompt_logprobs(output))
         return JSONResponse(response)
 
