@@ -23,7 +23,7 @@ from tinyvllm.serving.protocol import (
     GenerationRequest,
     response_head,
 )
-from tinyvllm.serving.server import stream_events
+from tinyvllm.serving.streaming import stream_events
 
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 40

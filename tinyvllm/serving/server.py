@@ -19,10 +19,8 @@ a bad field or malformed JSON, 404 for another model's name, 413 for a body over
 503 once the engine has stopped. A client that goes away aborts its request, freeing its
 KV blocks at once, streaming or not.
 
-While streaming, text that could be the start of a stop string is held back until the
-next tokens tell (the engine cuts a stop string when it completes; with
-include_stop_str_in_output nothing is cut, so nothing is held), so the streamed deltas always
-add up to the non-streamed text.
+Streaming (`tinyvllm.serving.streaming`) holds back text that could be the start of a stop
+string, so the streamed deltas always add up to the non-streamed text.
 
 With an API key (`--api-key` or VLLM_API_KEY), /v1/* needs `Authorization: Bearer <key>`; without
 one it binds 127.0.0.1 unless told otherwise. Request and stats logs: `tinyvllm.serving.middleware`.
@@ -40,14 +38,12 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from tinyvllm import __version__
 from tinyvllm.config import EngineConfig
-from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError, RequestStream
-from tinyvllm.engine.detokenizer import partial_stop_length
+from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.serving.echo import echo_choice
@@ -67,6 +63,7 @@ from tinyvllm.serving.protocol import (
     response_head,
     usage,
 )  # fmt: skip
+from tinyvllm.serving.streaming import EventStream, stream_events
 from tinyvllm.serving.tokenize import detokenize, tokenize
 
 DEFAULT_HOST = "127.0.0.1"
@@ -189,7 +186,7 @@ class OpenAIServer:
         head = response_head(api, request_id, self.config.served_model_name, chunk=generation.stream)
         outputs = self.request_metrics.track(stream, request.state.tinyvllm_record)
         if generation.stream:
-            return _EventStream(stream_events(api, head, outputs, generation), stream)
+            return EventStream(stream_events(api, head, outputs, generation), stream)
         try:
             output = await _final_output(request, outputs)
         finally:
@@ -249,68 +246,6 @@ async def _last_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
 async def _until_disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-# --8<-- [start:stream-events]
-async def stream_events(
-    api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
-) -> AsyncIterator[bytes]:
-    """The SSE chunks of one request's outputs: for each choice, deltas of final text (with
-    the logprobs of the tokens since the last chunk) and its finish reason; then usage, [DONE]."""
-    params = generation.params
-    stop = [] if params.include_stop_str_in_output else params.stop  # kept in the text: nothing to hold back
-    top = params.logprobs
-    extra = {"usage": None} if generation.include_usage else {}
-    n = generation.params.n
-    for index in range(n):
-        first = api.first_chunk_choice(index)
-        if first is not None:
-            yield _event({**head, "choices": [first], **extra})
-    sent = [""] * n
-    sent_tokens = [0] * n
-    ended = [False] * n
-    try:
-        async for output in outputs:
-            for completion in output.outputs:
-                index, text, finished = completion.index, completion.text, completion.finished()
-                if ended[index]:
-                    continue
-                if not finished:
-                    text = text[: len(text) - partial_stop_length(text, stop)]
-                if len(text) > len(sent[index]) or finished:
-                    logprobs = api.logprobs(completion, sent_tokens[index], top)
-                    choice = api.chunk_choice(index, text[len(sent[index]) :], completion.finish_reason, logprobs)
-                    yield _event({**head, "choices": [choice], **extra})
-                    sent[index], sent_tokens[index], ended[index] = text, len(completion.token_ids), finished
-        if generation.include_usage:
-            yield _event({**head, "choices": [], "usage": usage(output)})
-    except EngineClosedError as error:
-        yield _event(OpenAIError(503, str(error)).body())
-    yield b"data: [DONE]\n\n"
-
-
-# --8<-- [end:stream-events]
-
-
-def _event(value: dict) -> bytes:
-    # ASCII-only JSON: raw U+2028, U+2029 and U+0085 in generated text end a line for the line
-    # readers many SSE clients use (str.splitlines, httpx's aiter_lines) and cut the event.
-    return b"data: " + json.dumps(value, separators=(",", ":")).encode() + b"\n\n"
-
-
-class _EventStream(StreamingResponse):
-    """Server-sent events that abort their request however the response ends: finished,
-    client gone (Starlette cancels the stream), or an error."""
-
-    def __init__(self, events: AsyncIterator[bytes], stream: RequestStream) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.request_stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.request_stream.abort()
 
 
 async def _error_response(request: Request, error: OpenAIError) -> Response:
