@@ -16,6 +16,7 @@ import pytest
 
 from tests.server_fixtures import serve, tiny_model_dir  # noqa: F401
 from tinyvllm.llm import LLM
+from tinyvllm.sampling_params import SamplingParams
 
 MODEL_NAME = "tiny-test"
 MAX_TOKENS_LIMIT = 64
@@ -149,6 +150,21 @@ def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle, include_
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_a_batch_of_prompts_answers_each_as_the_offline_engine_does(client, oracle):
+    """A list of prompts (text or token ids) is one response: prompt i's choice j at index i * n + j."""
+    params = dict(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True, n=2)
+    ids = oracle.get_tokenizer().encode(PROMPTS[2])
+    prompts = [PROMPTS[0], ids, PROMPTS[1]]
+    response = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=6, temperature=1.0, n=2,
+                                         seed=5, extra_body={"ignore_eos": True})  # fmt: skip
+    wanted = [(c.text, c.finish_reason) for o in oracle.generate(prompts, SamplingParams(**params), use_tqdm=False)
+              for c in o.outputs]  # fmt: skip
+    assert [choice.index for choice in response.choices] == list(range(6))
+    assert [(choice.text, choice.finish_reason) for choice in response.choices] == wanted
+    prompt_tokens = sum(len(oracle.get_tokenizer().encode(p)) if isinstance(p, str) else len(p) for p in prompts)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (prompt_tokens, 6 * 6)
+
+
 def test_n_gives_n_choices_of_the_offline_engine_streamed_or_not(client, oracle):
     params = dict(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
     for prompt in (PROMPTS[1], CHAT):
@@ -256,7 +272,11 @@ COMPLETION_ERRORS = [
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"min_p": 1.5}, "min_p"),
     ({"min_tokens": 17}, "min_tokens"),
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", 2]}, "prompt"),
+    ({"prompt": ["one", "two"], "stream": True}, "prompt"),
+    ({"prompt": ["one", ""]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["one", [1, 10**6]]}, "prompt"),  # the engine refuses the second: the first is aborted
     ({"prompt": None}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt_logprobs": 21}, "prompt_logprobs"),

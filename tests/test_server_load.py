@@ -74,6 +74,20 @@ def test_a_client_leaving_before_a_plain_answer_aborts_its_request(server_url):
     assert after["num_free_blocks"] == NUM_BLOCKS
 
 
+def test_a_batch_frees_every_prompt_when_the_client_leaves_or_one_prompt_is_bad(server_url):
+    before = metrics(server_url)
+    body = {"prompt": ["Tell me everything.", "And more."], "max_tokens": LONG, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server_url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    after = settled(server_url, before["num_requests_aborted"] + 2)
+    assert after["num_requests_aborted"] == before["num_requests_aborted"] + 2
+    bad = httpx.post(f"{server_url}/v1/completions", json={**body, "prompt": ["queued first", [1, 10**6]]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    after = settled(server_url, before["num_requests_aborted"] + 3)
+    assert after["num_requests_served"] == before["num_requests_served"]
+    assert after["num_free_blocks"] == NUM_BLOCKS
+
+
 async def stream_one(client: httpx.AsyncClient, index: int) -> tuple[str, dict]:
     """One streamed completion: (its text, its usage)."""
     body = {"prompt": f"request {index}", "max_tokens": LOAD_TOKENS, "ignore_eos": True, "stream": True,

@@ -118,6 +118,7 @@ class ServerMetrics:
         """Pass the stream's outputs through, observing its token latencies as they come (from
         the engine thread's step times, `stream.token_times`) and, at the end, its counts."""
         observed: list[int] = []  # by completion: its token times observed so far
+        counted = (0, 0)  # this stream's prompt and generation tokens in the record (a batch adds its prompts')
         async for output in stream:
             times = stream.token_times
             observed = observed or [0] * len(times)
@@ -128,11 +129,13 @@ class ServerMetrics:
                 for position in range(max(observed[index], 1), len(completion_times)):
                     self._inter_token.observe(completion_times[position] - completion_times[position - 1])
                 observed[index] = len(completion_times)
-            record.prompt_tokens = len(output.prompt_token_ids)
-            record.generation_tokens = sum(len(completion.token_ids) for completion in output.outputs)
+            prompt, generation = len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)
+            record.prompt_tokens = (record.prompt_tokens or 0) + prompt - counted[0]
+            record.generation_tokens = (record.generation_tokens or 0) + generation - counted[1]
+            counted = (prompt, generation)
             if output.finished:
-                self._prompt_tokens.inc(record.prompt_tokens)
-                self._generation_tokens.inc(record.generation_tokens)
+                self._prompt_tokens.inc(prompt)
+                self._generation_tokens.inc(generation)
                 for completion in output.outputs:
                     self._success.labels(self.labels["model_name"], completion.finish_reason).inc()
                 self._e2e.observe(time.perf_counter() - record.start)

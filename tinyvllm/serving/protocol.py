@@ -15,8 +15,8 @@ completions: `logprobs: N`; N in [0, 20], the raw model distribution as vLLM's d
 Fields left out (or null) take the model's generation_config.json defaults for temperature,
 top_p and top_k, like vLLM. max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
-the context is refused with both numbers, as vLLM does. One prompt per request: a list of prompts is
-refused (send one request each). Completions take `echo` (`echo.py`). Fields tinyvllm cannot honour
+the context is refused with both numbers, as vLLM does. A list of prompts is a batch, one response
+for all (not streamed). Completions take `echo` (`echo.py`). Fields tinyvllm cannot honour
 (logit_bias, tools, chat's echo, ...) are refused unless they hold their default value; unknown fields
 are ignored.
 """
@@ -102,8 +102,9 @@ def check_model(body: dict, served_model_name: str) -> None:
 def parse_completion(
     body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
 ) -> GenerationRequest:
-    """A /v1/completions body -> GenerationRequest, a text prompt tokenized (once: the
-    context check counts its tokens, and the engine takes them as they are)."""
+    """A /v1/completions body of one prompt (`completion_prompts` splits a batch) -> GenerationRequest,
+    a text prompt tokenized (once: the context check counts its tokens, and the engine takes them as
+    they are)."""
     echo = _given(body, "echo", False)
     if not isinstance(echo, bool):
         raise OpenAIError(400, f"echo must be a boolean, got {echo!r}", param="echo")
@@ -112,7 +113,7 @@ def parse_completion(
     echo_only = echo and body.get("max_tokens") == 0  # a score of the prompt: nothing generated shown
     default = min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_limit)
     max_tokens = 1 if echo_only else _max_tokens(body, "max_tokens", default, max_tokens_limit)
-    prompt = text = _prompt(body)
+    prompt = text = body["prompt"]  # one prompt (`completion_prompts`)
     if isinstance(prompt, str):
         if not prompt:
             raise OpenAIError(400, "prompt: must not be empty", param="prompt")
@@ -247,14 +248,23 @@ def _include_usage(body: dict, stream: bool) -> bool:
     return include_usage
 
 
-def _prompt(body: dict) -> str | list[int]:
+def completion_prompts(body: dict) -> list[str | list[int]]:
+    """`prompt` as a list of prompts: a string or a list of token ids is one; a list of them is
+    a batch (vLLM's and OpenAI's), answered in one response. A batch does not stream."""
     prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_token_id(t) for t in prompt)):
+    if _is_one_prompt(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(_is_one_prompt(p) for p in prompt):
+        if len(prompt) > 1 and body.get("stream") is True:
+            message = "prompt: a list of prompts does not stream here; send one request per prompt to stream"
+            raise OpenAIError(400, message, param="prompt")
         return prompt
-    if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
-        message = "prompt: a list of prompts is not supported; send one request per prompt"
-        raise OpenAIError(400, message, param="prompt")
-    raise OpenAIError(400, f"prompt must be a string or a list of token ids, got {type_name(prompt)}", param="prompt")
+    raise OpenAIError(400, f"prompt must be a string, a list of token ids or a list of either, got {type_name(prompt)}",
+                      param="prompt")  # fmt: skip
+
+
+def _is_one_prompt(prompt: Any) -> bool:
+    return isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_token_id(t) for t in prompt))
 
 
 def _is_token_id(value: Any) -> bool:
@@ -305,10 +315,11 @@ def type_name(value: Any) -> str:
 
 
 # -- responses ----------------------------------------------------------------------------
-def usage(output: RequestOutput) -> dict:
-    """OpenAI's usage: the prompt once, the completion tokens of every choice."""
-    prompt_tokens = len(output.prompt_token_ids)
-    completion_tokens = sum(len(completion.token_ids) for completion in output.outputs)
+def usage(*outputs: RequestOutput) -> dict:
+    """OpenAI's usage of a response's outputs (one per prompt): each prompt once, the completion
+    tokens of every choice."""
+    prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    completion_tokens = sum(len(completion.token_ids) for output in outputs for completion in output.outputs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
 

@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server (`tinyvllm serve`): Starlette on uvicorn, over AsyncEngine.
 
     GET  /v1/models            the one served model
-    POST /v1/completions       prompt (text or token ids) -> text
+    POST /v1/completions       prompt (text or token ids, or a list of them) -> text
     POST /v1/chat/completions  messages -> assistant message
     GET  /health               200 while the engine thread runs; 503 once it stopped, or while
                                one step has run past the stall timeout
@@ -58,6 +58,7 @@ from tinyvllm.serving.protocol import (
     OpenAIError,
     bad_request,
     check_model,
+    completion_prompts,
     parse_chat,
     parse_completion,
     response_head,
@@ -164,10 +165,12 @@ class OpenAIServer:
         body = await read_json(request, self.config.max_body_bytes)
         check_model(body, self.config.served_model_name)
         engine = self.engine.engine
-        generation = parse_completion(
-            body, self.defaults, self.config.max_tokens_limit, engine.tokenizer, engine.max_model_len
-        )
-        return await self._generate(request, CompletionsAPI, generation)
+        limit = self.config.max_tokens_limit
+        generations = [
+            parse_completion({**body, "prompt": prompt}, self.defaults, limit, engine.tokenizer, engine.max_model_len)
+            for prompt in completion_prompts(body)
+        ]
+        return await self._generate(request, CompletionsAPI, generations)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await read_json(request, self.config.max_body_bytes)
@@ -175,33 +178,55 @@ class OpenAIServer:
         engine = self.engine.engine
         limit = self.config.max_tokens_limit
         generation = parse_chat(body, self.defaults, limit, engine.tokenizer, engine.max_model_len)
-        return await self._generate(request, ChatAPI, generation)
+        return await self._generate(request, ChatAPI, [generation])
 
-    async def _generate(self, request: Request, api: API, generation: GenerationRequest) -> Response:
+    async def _generate(self, request: Request, api: API, generations: list[GenerationRequest]) -> Response:
+        """Run the request's prompts (a completions batch has several; each is an engine request
+        of its own) and answer: a stream for one prompt that asks, else one JSON response whose
+        choices go prompt by prompt (prompt i's choice j is index i * n + j, vLLM's order)."""
         request_id = f"{api.id_prefix}-{uuid.uuid4().hex}"
+        streams = []
         try:
-            stream = await self.engine.add_request(generation.prompt, generation.params, request_id)
+            for number, generation in enumerate(generations):
+                engine_id = request_id if len(generations) == 1 else f"{request_id}-{number}"
+                streams.append(await self.engine.add_request(generation.prompt, generation.params, engine_id))
         except ValueError as error:
-            raise bad_request(error, generation.prompt_field) from None
-        head = response_head(api, request_id, self.config.served_model_name, chunk=generation.stream)
-        outputs = self.request_metrics.track(stream, request.state.tinyvllm_record)
-        if generation.stream:
-            return EventStream(stream_events(api, head, outputs, generation), stream)
+            for stream in streams:  # the batch's prompts queued before the bad one
+                stream.abort()
+            raise bad_request(error, generations[0].prompt_field) from None
+        first = generations[0]
+        head = response_head(api, request_id, self.config.served_model_name, chunk=first.stream)
+        outputs = [self.request_metrics.track(stream, request.state.tinyvllm_record) for stream in streams]
+        if first.stream:  # one prompt: a batch does not stream (`completion_prompts`)
+            return EventStream(stream_events(api, head, outputs[0], first), streams[0])
         try:
-            output = await _final_output(request, outputs)
+            finals = await _final_outputs(request, outputs)
         finally:
-            stream.abort()
-        if output is None:
+            for stream in streams:
+                stream.abort()
+        if finals is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        top = generation.params.logprobs
-        if generation.echo is not None:
-            choices = [echo_choice(generation, output, c, self.engine.engine.tokenizer) for c in output.outputs]
-        else:
-            choices = [api.choice(c.index, c.text, c.finish_reason, api.logprobs(c, 0, top)) for c in output.outputs]
-        response = {**head, "choices": choices, "usage": usage(output)}
-        if generation.prompt_logprobs_field:  # where vLLM puts them: per choice, or per response
-            api.add_prompt_logprobs(response, prompt_logprobs(output))
+        response = {**head, "choices": []}
+        for number, (generation, output) in enumerate(zip(generations, finals)):
+            part = {"choices": self._choices(api, generation, output, first_index=number * generation.params.n)}
+            if generation.prompt_logprobs_field:  # where vLLM puts them: in each choice, or in the response
+                api.add_prompt_logprobs(part, prompt_logprobs(output))
+            response["choices"] += part.pop("choices")
+            response.update(part)
+        response["usage"] = usage(*finals)
         return JSONResponse(response)
+
+    def _choices(self, api: API, generation: GenerationRequest, output: RequestOutput, first_index: int) -> list:
+        top = generation.params.logprobs
+        choices = []
+        for completion in output.outputs:
+            if generation.echo is not None:
+                choice = echo_choice(generation, output, completion, self.engine.engine.tokenizer)
+            else:
+                logprobs = api.logprobs(completion, 0, top)
+                choice = api.choice(completion.index, completion.text, completion.finish_reason, logprobs)
+            choices.append({**choice, "index": first_index + completion.index})
+        return choices
 
 
 async def read_json(request: Request, limit: int) -> dict:
@@ -225,9 +250,9 @@ async def read_json(request: Request, limit: int) -> dict:
     return value
 
 
-async def _final_output(request: Request, outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
-    """The finished output, or None when the client disconnects first."""
-    collect = asyncio.ensure_future(_last_output(outputs))
+async def _final_outputs(request: Request, outputs: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput] | None:
+    """Each stream's finished output, or None when the client disconnects first."""
+    collect = asyncio.ensure_future(asyncio.gather(*(_last_output(stream) for stream in outputs)))
     disconnect = asyncio.ensure_future(_until_disconnected(request))
     try:
         done, _ = await asyncio.wait((collect, disconnect), return_when=asyncio.FIRST_COMPLETED)
