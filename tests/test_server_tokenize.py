@@ -66,6 +66,22 @@ def test_tokenize_chat_gives_the_prompt_chat_completions_runs(server_url, tiny_m
     assert len(without) < result["count"]
 
 
+def test_template_options_reach_the_template_in_tokenize_and_chat(server_url, tiny_model_dir):  # noqa: F811
+    """continue_final_message ends the prompt inside the last message; chat_template_kwargs are the
+    template's variables (Llama 3.2's writes date_string). Oracle: the offline engine's LLM.chat."""
+    oracle = LLM(tiny_model_dir, backend="numpy", num_blocks=64, max_model_len=MAX_MODEL_LEN)
+    prefilled = [*CHAT, {"role": "assistant", "content": "Sure, here"}]
+    options = {"add_generation_prompt": False, "continue_final_message": True,
+               "chat_template_kwargs": {"date_string": "01 Jan 2000"}}  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    [output] = oracle.chat(prefilled, params, use_tqdm=False, **options)
+    rendered = oracle.get_tokenizer().decode(output.prompt_token_ids)
+    assert rendered.endswith("Sure, here") and "01 Jan 2000" in rendered
+    assert tokenize(server_url, {"messages": prefilled, **options})["tokens"] == output.prompt_token_ids
+    completion = post(server_url, "/v1/chat/completions", {"messages": prefilled, "max_tokens": 1, **options})
+    assert completion.json()["usage"]["prompt_tokens"] == len(output.prompt_token_ids)
+
+
 def test_detokenize_decodes_as_the_tokenizer_file_does(server_url, backend):
     ids = backend.encode(TEXT, add_special_tokens=True).ids  # the BOS id too: special tokens stay in the text
     response = post(server_url, "/detokenize", {"model": MODEL_NAME, "tokens": ids})
@@ -84,6 +100,9 @@ def test_detokenize_decodes_as_the_tokenizer_file_does(server_url, backend):
         ("/tokenize", {"prompt": TEXT, "return_token_strs": 1}, "return_token_strs"),
         ("/tokenize", {"messages": "hi"}, "messages"),
         ("/tokenize", {"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
+        ("/tokenize", {"messages": CHAT, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
+        ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ("/v1/chat/completions", {"messages": CHAT, "add_generation_prompt": "no"}, "add_generation_prompt"),
         ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
         ("/detokenize", {"tokens": [-1]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),

@@ -178,6 +178,21 @@ def test_chat_template_matches_transformers(ours, oracle, template, messages, sy
     assert expected_ids.count(ours.bos_token_id) == expected.count("<|im_start|>")
 
 
+@settings(max_examples=40)
+@given(messages=messages_strategy, answer=texts)
+@pytest.mark.parametrize("template", [CHATML_COMPACT, CHATML_LINES], ids=["compact", "lines"])
+def test_continue_final_message_matches_transformers(ours, oracle, template, messages, answer):
+    """The text ends inside the last message (a prefilled answer); COMPACT trims messages, LINES keeps them."""
+    messages = [*messages, {"role": "assistant", "content": answer}]
+    expected = oracle.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=False, continue_final_message=True
+    )
+    tokenizer = Tokenizer(ours.backend, {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, template)
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True) == expected
+    ids = tokenizer.encode_chat(messages, add_generation_prompt=False, continue_final_message=True)
+    assert ids == tokenizer.encode(expected, add_special_tokens=False)
+
+
 def test_chat_template_tools_names_and_none_values_match_transformers(ours, oracle):
     tools = [{"name": "météo", "parameters": {"ville": {"type": "string"}}, "emoji": "😀"}]
     messages = [

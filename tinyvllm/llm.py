@@ -87,16 +87,27 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | Callable = True,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Apply the chat template (with the generation prompt) and generate.
+        """Apply the chat template and generate (vLLM's arguments).
 
         Args:
             messages: one conversation, a list of `{"role", "content"}` dicts, or a list of them.
             sampling_params: as for `generate`.
             use_tqdm: as for `generate`.
+            add_generation_prompt: end the prompt with the template's opening of an assistant turn.
+            continue_final_message: end the prompt inside the last message, which the model then
+                continues (a prefilled answer); needs add_generation_prompt=False, as in vLLM.
+            chat_template_kwargs: more variables for the template (e.g. `date_string`).
         """
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode_chat(conversation) for conversation in conversations]
+        options = {**(chat_template_kwargs or {}), "continue_final_message": continue_final_message}
+        prompts = [self.tokenizer.encode_chat(chat, add_generation_prompt, **options) for chat in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 

@@ -36,6 +36,8 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CONTINUE_MARKER = "CONTINUE_FINAL_MESSAGE_TAG "
+"""Appended to the message continue_final_message continues, to find where its content ends (transformers' marker)."""
 
 
 class TokenizerError(ValueError):
@@ -111,23 +113,52 @@ class Tokenizer:
 
     # --8<-- [start:chat]
     def apply_chat_template(
-        self, messages: Sequence[dict], add_generation_prompt: bool = True, **template_kwargs
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        **template_kwargs,
     ) -> str:
         """The chat rendered by the model's template, as transformers renders it (see the module docstring).
 
-        `template_kwargs` reach the template as variables (e.g. `tools`, `date_string`).
-        A template's `raise_exception(message)` raises `jinja2.TemplateError`.
+        `continue_final_message` ends the text inside the last message, so that a model continues
+        it (a prefilled answer) instead of starting a new one: as transformers does, the last
+        message's content is rendered with a marker after it and the text cut at the marker (and,
+        when the template strips what follows a message, at the content's end). `template_kwargs`
+        reach the template as variables (e.g. `tools`, `date_string`). A template's
+        `raise_exception(message)` raises `jinja2.TemplateError`.
         """
         if self.chat_template is None:
             raise TokenizerError("this tokenizer has no chat template (tokenizer_config.json or chat_template.jinja)")
         variables = {"tools": None, "documents": None, **self.special_tokens, **template_kwargs}
         messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+        if continue_final_message:
+            if not messages or not isinstance(messages[-1].get("content"), str):
+                raise TokenizerError("continue_final_message needs a last message with text content")
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + CONTINUE_MARKER}
         template = _compile(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        if not continue_final_message:
+            return text
+        end = text.rfind(CONTINUE_MARKER.strip())
+        if end < 0:
+            raise TokenizerError("continue_final_message: the chat template does not write the last message's content")
+        # the marker's space survives unless the template stripped the content: then strip the cut too
+        return text[:end] if text.startswith(CONTINUE_MARKER, end) else text[:end].rstrip()
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        **template_kwargs,
+    ) -> list[int]:
         """Prompt ids for a chat: the rendered template encoded without adding special tokens."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        text = self.apply_chat_template(
+            messages, add_generation_prompt, continue_final_message=continue_final_message, **template_kwargs
+        )
         return self.encode(text, add_special_tokens=False)
 
     # --8<-- [end:chat]

@@ -9,7 +9,8 @@ Supported: model, prompt / messages, max_tokens (and max_completion_tokens for c
 temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
 0 .. n-1, from one request whose prompt is computed once), presence_penalty,
 frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
-repetition_penalty, min_p, min_tokens, skip_special_tokens and include_stop_str_in_output;
+repetition_penalty, min_p, min_tokens, skip_special_tokens, include_stop_str_in_output, and for chat
+the template's add_generation_prompt, continue_final_message and chat_template_kwargs;
 logprobs, OpenAI's way for each endpoint (chat: `logprobs: true` and `top_logprobs: N`;
 completions: `logprobs: N`; N in [0, 20], the raw model distribution as vLLM's default).
 Fields left out (or null) take the model's generation_config.json defaults for temperature,
@@ -105,9 +106,7 @@ def parse_completion(
     """A /v1/completions body of one prompt (`completion_prompts` splits a batch) -> GenerationRequest,
     a text prompt tokenized (once: the context check counts its tokens, and the engine takes them as
     they are)."""
-    echo = _given(body, "echo", False)
-    if not isinstance(echo, bool):
-        raise OpenAIError(400, f"echo must be a boolean, got {echo!r}", param="echo")
+    echo = flag(body, "echo", False)
     if echo and body.get("stream") is True:
         raise OpenAIError(400, "echo is not supported with stream: true", param="echo")
     echo_only = echo and body.get("max_tokens") == 0  # a score of the prompt: nothing generated shown
@@ -135,7 +134,7 @@ def parse_chat(
     body: dict, defaults: SamplingParams, max_tokens_limit: int, tokenizer: Tokenizer, max_model_len: int
 ) -> GenerationRequest:
     """A /v1/chat/completions body -> GenerationRequest, the messages rendered and tokenized."""
-    prompt = encode_messages(tokenizer, chat_messages(body))
+    prompt = encode_messages(tokenizer, chat_messages(body), chat_template_options(body))
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
     max_tokens = _max_tokens(body, name, default, max_tokens_limit)
@@ -271,16 +270,51 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+CHAT_TEMPLATE_OPTIONS = ("add_generation_prompt", "continue_final_message")
+
+
+def chat_template_options(body: dict) -> dict:
+    """vLLM's chat-template fields of a body, as `Tokenizer.apply_chat_template` keywords:
+    add_generation_prompt (default true), continue_final_message (default false, and only with
+    add_generation_prompt false, as vLLM asks) and chat_template_kwargs (the template's own
+    variables, e.g. {"enable_thinking": false})."""
+    options = {"add_generation_prompt": flag(body, "add_generation_prompt", True),
+               "continue_final_message": flag(body, "continue_final_message", False)}  # fmt: skip
+    if options["add_generation_prompt"] and options["continue_final_message"]:
+        raise OpenAIError(400, "continue_final_message needs add_generation_prompt: false (vLLM's rule)",
+                          param="continue_final_message")  # fmt: skip
+    variables = _given(body, "chat_template_kwargs", {})
+    if not isinstance(variables, dict) or not all(isinstance(key, str) for key in variables):
+        raise OpenAIError(400, f"chat_template_kwargs must be an object, got {type_name(variables)}",
+                          param="chat_template_kwargs")  # fmt: skip
+    reserved = sorted(set(variables) & {"messages", *CHAT_TEMPLATE_OPTIONS})
+    if reserved:
+        raise OpenAIError(400, f"chat_template_kwargs: {reserved} are fields of their own",
+                          param="chat_template_kwargs")  # fmt: skip
+    return {**variables, **options}
+
+
 def encode_messages(
-    tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True, add_special_tokens: bool = False
+    tokenizer: Tokenizer, messages: list[dict], options: dict, add_special_tokens: bool = False
 ) -> list[int]:
-    """The prompt ids of checked messages (`chat_messages`) through the model's chat template; a 400
-    naming `messages` when the template refuses them (its raise_exception) or there is none."""
+    """The prompt ids of checked messages (`chat_messages`) through the model's chat template with
+    `options` (`chat_template_options`); a 400 naming `messages` when the template refuses them
+    (its raise_exception), cannot continue the last one, or there is none."""
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, **options)
     except (TemplateError, TokenizerError) as error:
         raise OpenAIError(400, f"messages: {error}", param="messages") from None
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    """A boolean field (left out or null: `default`); a 400 naming it otherwise."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise OpenAIError(400, f"{name} must be a boolean, got {value!r}", param=name)
+    return value
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -2,7 +2,8 @@
 
     POST /tokenize    completion form {"prompt": text, "add_special_tokens": true}
                       chat form {"messages": [...], "add_generation_prompt": true,
-                                 "add_special_tokens": false}
+                                 "add_special_tokens": false, "continue_final_message": false,
+                                 "chat_template_kwargs": {...}}
                       -> {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize  {"tokens": [ids]} -> {"prompt": text}
 
@@ -10,36 +11,33 @@ Names, defaults and shapes are vLLM's, so a client that counts or truncates toke
 vLLM server works here unchanged: the chat form renders the messages through the model's
 chat template as /v1/chat/completions does (and its ids are exactly the prompt that endpoint
 would run), and `"return_token_strs": true` fills token_strs with each id's vocabulary entry
-(null otherwise). vLLM's chat-form `continue_final_message` is refused unless false, and
-/detokenize refuses ids outside the vocabulary, naming them. Both take the optional `model`
-field as the generation endpoints do (404 for another model's name).
+(null otherwise). /detokenize refuses ids outside the vocabulary, naming them. Both take the
+optional `model` field as the generation endpoints do (404 for another model's name).
 """
 
-from typing import Any
-
 from tinyvllm.model.tokenizer import Tokenizer
-from tinyvllm.serving.protocol import OpenAIError, chat_messages, encode_messages, type_name
+from tinyvllm.serving.protocol import (
+    OpenAIError,
+    chat_messages,
+    chat_template_options,
+    encode_messages,
+    flag,
+    type_name,
+)
 
 
 def tokenize(body: dict, tokenizer: Tokenizer, max_model_len: int) -> dict:
     """A /tokenize body -> its response: the prompt's (or the rendered chat's) token ids."""
     if "messages" in body:
-        if _flag(body, "continue_final_message", False):
-            raise OpenAIError(400, "continue_final_message is not supported by tinyvllm (leave it out)",
-                              param="continue_final_message")  # fmt: skip
-        tokens = encode_messages(
-            tokenizer,
-            chat_messages(body),
-            add_generation_prompt=_flag(body, "add_generation_prompt", True),
-            add_special_tokens=_flag(body, "add_special_tokens", False),
-        )
+        options = chat_template_options(body)
+        tokens = encode_messages(tokenizer, chat_messages(body), options, flag(body, "add_special_tokens", False))
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise OpenAIError(400, f"prompt must be a string (or send messages), got {type_name(prompt)}",
                               param="prompt")  # fmt: skip
-        tokens = tokenizer.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))
-    token_strs = [tokenizer.id_to_token(t) for t in tokens] if _flag(body, "return_token_strs", False) else None
+        tokens = tokenizer.encode(prompt, add_special_tokens=flag(body, "add_special_tokens", True))
+    token_strs = [tokenizer.id_to_token(t) for t in tokens] if flag(body, "return_token_strs", False) else None
     return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": token_strs}
 
 
@@ -53,12 +51,3 @@ def detokenize(body: dict, tokenizer: Tokenizer) -> dict:
         raise OpenAIError(400, f"tokens: ids {bad[:5]} are outside the vocabulary of {tokenizer.vocab_size}",
                           param="tokens")  # fmt: skip
     return {"prompt": tokenizer.decode(tokens)}
-
-
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value: Any = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise OpenAIError(400, f"{name} must be a boolean, got {value!r}", param=name)
-    return value
