@@ -107,6 +107,27 @@ def test_what_stopped_it_is_in_the_text_only_when_asked(llm):
     assert_no_leak(llm)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    """Oracle: the same request given only those last tokens."""
+    ids = llm.get_tokenizer().encode(TEXT)
+    truncated, direct = outputs_of(llm, [(TEXT, greedy(truncate_prompt_tokens=5)), (ids[-5:], greedy())])
+    assert truncated.prompt_token_ids == ids[-5:] and truncated.outputs[0].token_ids == direct.outputs[0].token_ids
+    max_model_len = llm.engine.max_model_len
+    too_long = (ids * (max_model_len // len(ids) + 2))[: max_model_len + 3]
+    with pytest.raises(ValueError, match="longer than max_model_len"):
+        llm.generate([too_long], greedy(), use_tqdm=False)
+    (kept,) = llm.generate([too_long], greedy(truncate_prompt_tokens=-1), use_tqdm=False)
+    assert kept.prompt_token_ids == too_long[-max_model_len:]
+    assert (len(kept.outputs[0].token_ids), kept.outputs[0].finish_reason) == (1, "length")
+    assert_no_leak(llm)
+
+
+def outputs_of(llm, requests: list[tuple]) -> list:
+    """The RequestOutput of each (prompt, SamplingParams) pair, generated together."""
+    prompts, params = zip(*requests)
+    return llm.generate(list(prompts), list(params), use_tqdm=False)
+
+
 def test_special_tokens_are_in_the_text_only_when_not_skipped(llm):
     tokenizer = llm.get_tokenizer()
     special = set(tokenizer.backend.get_added_tokens_decoder())  # the tiny tokenizer's BOS, EOS and chat markers

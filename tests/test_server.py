@@ -165,6 +165,17 @@ def test_a_batch_of_prompts_answers_each_as_the_offline_engine_does(client, orac
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (prompt_tokens, 6 * 6)
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens_and_the_context_check_counts_them(client, oracle):
+    ids = oracle.get_tokenizer().encode(PROMPTS[0])
+    long_prompt = (ids * MAX_MODEL_LEN)[: MAX_MODEL_LEN + 5]  # longer than the context: kept to its last 8
+    text, reason, _ = expected(oracle, long_prompt[-8:], temperature=0.0, max_tokens=5)
+    for prompt in (long_prompt, oracle.get_tokenizer().decode(long_prompt)):
+        response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=5, temperature=0.0,
+                                             extra_body={"truncate_prompt_tokens": 8})  # fmt: skip
+        assert response.usage.prompt_tokens == 8
+        assert (response.choices[0].text, response.choices[0].finish_reason) == (text, reason)
+
+
 def test_n_gives_n_choices_of_the_offline_engine_streamed_or_not(client, oracle):
     params = dict(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
     for prompt in (PROMPTS[1], CHAT):
@@ -267,6 +278,7 @@ COMPLETION_ERRORS = [
     ({"echo": "yes"}, "echo"),
     ({"echo": True, "stream": True}, "echo"),
     ({"max_tokens": 0, "echo": False}, "max_tokens"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": "high"}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),

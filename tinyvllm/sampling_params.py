@@ -63,6 +63,8 @@ class SamplingParams:
             token ids keep them.
         include_stop_str_in_output: keep what stopped generation in the text: the stop string,
             or the text of the EOS or stop token id (vLLM's rule; by default neither is in it).
+        truncate_prompt_tokens: keep only the prompt's last k tokens (left truncation); -1 keeps
+            the last max_model_len; None keeps it whole. The output's prompt_token_ids are the kept ones.
     """
 
     n: int = 1  # completions per request, each sampled from its own seed stream
@@ -83,6 +85,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
     # --8<-- [end:fields]
 
     def __post_init__(self) -> None:
@@ -112,6 +115,7 @@ class SamplingParams:
                 raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         self._check_penalties_and_min()
         self._check_logprobs()
+        self.truncate_prompt_tokens = check_truncate_prompt_tokens(self.truncate_prompt_tokens)
 
     def _check_penalties_and_min(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -159,6 +163,24 @@ class SamplingParams:
         unknown = [t for t in self.stop_token_ids if t >= vocab_size]
         if unknown:
             raise ValueError(f"stop_token_ids {unknown} are outside the model's vocabulary of {vocab_size} tokens")
+
+
+def check_truncate_prompt_tokens(value) -> int | None:
+    """truncate_prompt_tokens checked: None, -1 or a positive integer (ValueError naming it otherwise)."""
+    if value is None:
+        return None
+    value = _integer("truncate_prompt_tokens", value)
+    if value == 0 or value < -1:
+        raise ValueError(f"truncate_prompt_tokens must be -1 (max_model_len) or >= 1, got {value}")
+    return value
+
+
+def truncated_prompt(token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int) -> list[int]:
+    """The prompt's ids that truncate_prompt_tokens keeps: its last k (max_model_len for -1), or all."""
+    if truncate_prompt_tokens is None:
+        return token_ids
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    return token_ids[-keep:]
 
 
 def _integer(name: str, value) -> int:

@@ -41,7 +41,7 @@ from tinyvllm.engine.setup import build_runner
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights
-from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
+from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams, truncated_prompt
 
 Prompt = str | list[int] | Mapping
 """Text, token ids, or vLLM's dict prompts: {"prompt": text} or {"prompt_token_ids": ids}."""
@@ -149,6 +149,7 @@ class LLMEngine:
         """
         params.validate_for_vocab(self.config.vocab_size)
         text, token_ids = self._tokenize(prompt)
+        token_ids = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.max_model_len)
         self.scheduler.check_fits(len(token_ids), params.max_tokens)
         return text, token_ids
 

@@ -9,7 +9,8 @@ Supported: model, prompt / messages, max_tokens (and max_completion_tokens for c
 temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
 0 .. n-1, from one request whose prompt is computed once), presence_penalty,
 frequency_penalty, and vLLM's extensions top_k, ignore_eos, stop_token_ids,
-repetition_penalty, min_p, min_tokens, skip_special_tokens, include_stop_str_in_output, and for chat
+repetition_penalty, min_p, min_tokens, skip_special_tokens, include_stop_str_in_output,
+truncate_prompt_tokens (the context checks count the kept tokens), and for chat
 the template's add_generation_prompt, continue_final_message and chat_template_kwargs;
 logprobs, OpenAI's way for each endpoint (chat: `logprobs: true` and `top_logprobs: N`;
 completions: `logprobs: N`; N in [0, 20], the raw model distribution as vLLM's default).
@@ -31,7 +32,7 @@ from jinja2 import TemplateError
 
 from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
-from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams, check_truncate_prompt_tokens, truncated_prompt
 from tinyvllm.serving.logprobs import chat_logprobs, completion_logprobs
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -44,7 +45,7 @@ UNSUPPORTED = {  # field: the values that mean "not used" (completions honour ec
     "response_format": ({"type": "text"},),
 }
 PASSED_THROUGH = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
-                  "skip_special_tokens", "include_stop_str_in_output")  # fmt: skip
+                  "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens")  # fmt: skip
 """SamplingParams fields a request passes through as they are (left out or null: SamplingParams' default)."""
 FIELDS = {
     *PASSED_THROUGH,
@@ -117,6 +118,8 @@ def parse_completion(
         if not prompt:
             raise OpenAIError(400, "prompt: must not be empty", param="prompt")
         prompt = tokenizer.encode(prompt)
+    whole = len(prompt)
+    prompt = _truncated(body, prompt, max_model_len)
     _check_context(body, "max_tokens", len(prompt), max_tokens, max_model_len)
     logprobs = body.get("logprobs")
     if logprobs is not None:
@@ -125,7 +128,7 @@ def parse_completion(
     prompt_logprobs = _given(body, "prompt_logprobs", logprobs if echo else None)
     generation = _generation(body, prompt, defaults, max_tokens, "prompt", logprobs, prompt_logprobs, ("echo",))
     if echo:  # the prompt as given; token ids as their text
-        generation.echo = text if isinstance(text, str) else tokenizer.decode(prompt)
+        generation.echo = text if isinstance(text, str) and len(prompt) == whole else tokenizer.decode(prompt)
         generation.echo_only = echo_only
     return generation
 
@@ -135,6 +138,7 @@ def parse_chat(
 ) -> GenerationRequest:
     """A /v1/chat/completions body -> GenerationRequest, the messages rendered and tokenized."""
     prompt = encode_messages(tokenizer, chat_messages(body), chat_template_options(body))
+    prompt = _truncated(body, prompt, max_model_len)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = min(max(max_model_len - len(prompt), 1), max_tokens_limit)
     max_tokens = _max_tokens(body, name, default, max_tokens_limit)
@@ -214,6 +218,15 @@ def _generation(
         raise bad_request(error) from None
     asked = body.get("prompt_logprobs") is not None
     return GenerationRequest(prompt, params, stream, _include_usage(body, stream), prompt_field, asked)
+
+
+def _truncated(body: dict, prompt: list[int], max_model_len: int) -> list[int]:
+    """The prompt's ids that vLLM's truncate_prompt_tokens keeps (the engine keeps the same)."""
+    try:
+        keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
+    except ValueError as error:
+        raise bad_request(error) from None
+    return truncated_prompt(prompt, keep, max_model_len)
 
 
 def _given(body: dict, name: str, default: Any) -> Any:
