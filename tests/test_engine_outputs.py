@@ -7,6 +7,7 @@ shows vLLM's bar.
 """
 
 import dataclasses
+import json
 
 import pytest
 
@@ -105,6 +106,13 @@ def test_what_stopped_it_is_in_the_text_only_when_asked(llm):
     assert without.token_ids == with_token.token_ids == as_long.token_ids  # the ids keep the stop token
     assert (without.text, with_token.text) == (shorter.text, as_long.text) and shorter.text != as_long.text
     assert_no_leak(llm)
+
+
+def test_vllm_names_for_the_engine_and_the_default_sampling(llm):
+    assert llm.llm_engine is llm.engine
+    config = json.loads((llm.engine.model_dir / "generation_config.json").read_text())
+    params = llm.get_default_sampling_params()
+    assert (params.temperature, params.top_p, params.top_k) == (config["temperature"], config["top_p"], -1)
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):

@@ -32,6 +32,11 @@ class LLM:
         """The engine underneath (vLLM's name for it; `engine` here)."""
         return self.engine
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without SamplingParams samples with: the model's generation_config.json
+        defaults (vLLM's name)."""
+        return self.engine.default_sampling_params()
+
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer (vLLM's name)."""
         return self.tokenizer
