@@ -151,7 +151,8 @@ def test_stop_string_cuts_streamed_and_plain_text_alike(client, oracle, include_
 
 
 def test_a_batch_of_prompts_answers_each_as_the_offline_engine_does(client, oracle):
-    """A list of prompts (text or token ids) is one response: prompt i's choice j at index i * n + j."""
+    """A list of prompts (text or token ids) is one response, streamed or not: prompt i's choice j
+    at index i * n + j."""
     params = dict(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True, n=2)
     ids = oracle.get_tokenizer().encode(PROMPTS[2])
     prompts = [PROMPTS[0], ids, PROMPTS[1]]
@@ -163,6 +164,16 @@ def test_a_batch_of_prompts_answers_each_as_the_offline_engine_does(client, orac
     assert [(choice.text, choice.finish_reason) for choice in response.choices] == wanted
     prompt_tokens = sum(len(oracle.get_tokenizer().encode(p)) if isinstance(p, str) else len(p) for p in prompts)
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (prompt_tokens, 6 * 6)
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=6, temperature=1.0, n=2,
+                                            seed=5, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))  # fmt: skip
+    texts, reasons = [""] * 6, [None] * 6
+    for chunk in chunks[:-1]:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert list(zip(texts, reasons)) == wanted
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens, 6 * 6)
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens_and_the_context_check_counts_them(client, oracle):
@@ -285,7 +296,6 @@ COMPLETION_ERRORS = [
     ({"min_p": 1.5}, "min_p"),
     ({"min_tokens": 17}, "min_tokens"),
     ({"prompt": ["one", 2]}, "prompt"),
-    ({"prompt": ["one", "two"], "stream": True}, "prompt"),
     ({"prompt": ["one", ""]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": ["one", [1, 10**6]]}, "prompt"),  # the engine refuses the second: the first is aborted

@@ -52,7 +52,7 @@ def streamed(api, outputs, generation) -> tuple[str, list[dict]]:
 
     async def collect():
         head = response_head(api, "id", "model", chunk=True)
-        return [event async for event in stream_events(api, head, replay(outputs), generation)]
+        return [event async for event in stream_events(api, head, [(replay(outputs), generation)])]
 
     events = asyncio.run(collect())
     assert events[-1] == b"data: [DONE]\n\n"
@@ -117,7 +117,7 @@ def test_each_event_is_one_line_whatever_the_text_holds(engine):
         head = response_head(CompletionsAPI, "id", "model", chunk=True)
         completion = dataclasses.replace(final.outputs[0], text=text)
         outputs = replay([dataclasses.replace(final, outputs=[completion])])
-        return [event async for event in stream_events(CompletionsAPI, head, outputs, generation)]
+        return [event async for event in stream_events(CompletionsAPI, head, [(outputs, generation)])]
 
     events = asyncio.run(collect())
     for event in events:

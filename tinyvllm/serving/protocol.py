@@ -18,7 +18,7 @@ Fields left out (or null) take the model's generation_config.json defaults for t
 top_p and top_k, like vLLM. max_tokens defaults to 16 for completions (OpenAI's default) and to the rest of the context
 for chat, both capped by the server's limit; a max_tokens given that, with the prompt, exceeds
 the context is refused with both numbers, as vLLM does. A list of prompts is a batch, one response
-for all (not streamed). Completions take `echo` (`echo.py`). Fields tinyvllm cannot honour
+for all. Completions take `echo` (`echo.py`). Fields tinyvllm cannot honour
 (logit_bias, tools, chat's echo, ...) are refused unless they hold their default value; unknown fields
 are ignored.
 """
@@ -262,14 +262,11 @@ def _include_usage(body: dict, stream: bool) -> bool:
 
 def completion_prompts(body: dict) -> list[str | list[int]]:
     """`prompt` as a list of prompts: a string or a list of token ids is one; a list of them is
-    a batch (vLLM's and OpenAI's), answered in one response. A batch does not stream."""
+    a batch (vLLM's and OpenAI's), answered in one response."""
     prompt = body.get("prompt")
     if _is_one_prompt(prompt):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(_is_one_prompt(p) for p in prompt):
-        if len(prompt) > 1 and body.get("stream") is True:
-            message = "prompt: a list of prompts does not stream here; send one request per prompt to stream"
-            raise OpenAIError(400, message, param="prompt")
         return prompt
     raise OpenAIError(400, f"prompt must be a string, a list of token ids or a list of either, got {type_name(prompt)}",
                       param="prompt")  # fmt: skip

@@ -182,8 +182,8 @@ class OpenAIServer:
 
     async def _generate(self, request: Request, api: API, generations: list[GenerationRequest]) -> Response:
         """Run the request's prompts (a completions batch has several; each is an engine request
-        of its own) and answer: a stream for one prompt that asks, else one JSON response whose
-        choices go prompt by prompt (prompt i's choice j is index i * n + j, vLLM's order)."""
+        of its own) and answer: a stream when asked, else one JSON response; choices go prompt by
+        prompt (prompt i's choice j is index i * n + j, vLLM's order)."""
         request_id = f"{api.id_prefix}-{uuid.uuid4().hex}"
         streams = []
         try:
@@ -197,8 +197,8 @@ class OpenAIServer:
         first = generations[0]
         head = response_head(api, request_id, self.config.served_model_name, chunk=first.stream)
         outputs = [self.request_metrics.track(stream, request.state.tinyvllm_record) for stream in streams]
-        if first.stream:  # one prompt: a batch does not stream (`completion_prompts`)
-            return EventStream(stream_events(api, head, outputs[0], first), streams[0])
+        if first.stream:
+            return EventStream(stream_events(api, head, list(zip(outputs, generations))), streams)
         try:
             finals = await _final_outputs(request, outputs)
         finally:

@@ -2,12 +2,15 @@
 
 Per step, one chunk for each choice whose text that step made final (with the logprobs of its
 tokens since the chunk before), then its finish reason, usage when asked, and `data: [DONE]`.
+A completions batch streams its prompts' chunks as they come, merged, each choice's index
+prompt i's choice j = i * n + j, as vLLM numbers them.
 Text that could be the start of a stop string is held back until the next tokens tell (the
 engine cuts a stop string when it completes; with include_stop_str_in_output nothing is cut, so
 nothing is held), so the streamed deltas always add up to the non-streamed text. The response
 aborts its request however it ends: finished, client gone, or an error.
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -22,22 +25,47 @@ from tinyvllm.serving.protocol import API, GenerationRequest, OpenAIError, usage
 
 # --8<-- [start:stream-events]
 async def stream_events(
-    api: API, head: dict, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest
+    api: API, head: dict, prompts: list[tuple[AsyncIterator[RequestOutput], GenerationRequest]]
 ) -> AsyncIterator[bytes]:
-    """The SSE chunks of one request's outputs: for each choice, deltas of final text (with
-    the logprobs of the tokens since the last chunk) and its finish reason; then usage, [DONE]."""
+    """The SSE chunks of a request's prompts (one, or a completions batch), each prompt's outputs
+    with its GenerationRequest: chunks as they come, then usage (all prompts'), then [DONE]."""
+    include_usage = prompts[0][1].include_usage
+    extra = {"usage": None} if include_usage else {}
+    chunks: asyncio.Queue = asyncio.Queue()  # a choice per chunk; a prompt's number when it has ended
+    index = 0
+    for _, generation in prompts:
+        for choice in filter(None, (api.first_chunk_choice(index + i) for i in range(generation.params.n))):
+            yield _event({**head, "choices": [choice], **extra})
+        index += generation.params.n
+    pumps = [asyncio.ensure_future(_pump(api, outputs, generation, number, chunks))
+             for number, (outputs, generation) in enumerate(prompts)]  # fmt: skip
+    last = []
+    try:
+        while len(last) < len(prompts):
+            chunk = await chunks.get()
+            if isinstance(chunk, int):
+                last.append(await pumps[chunk])  # its last output, or the error that ended it
+            else:
+                yield _event({**head, "choices": [chunk], **extra})
+        if include_usage:
+            yield _event({**head, "choices": [], "usage": usage(*last)})
+    except EngineClosedError as error:
+        yield _event(OpenAIError(503, str(error)).body())
+    finally:
+        for pump in pumps:  # the response ended early (client gone, error): stop the rest
+            pump.cancel()
+    yield b"data: [DONE]\n\n"
+
+
+async def _pump(
+    api: API, outputs: AsyncIterator[RequestOutput], generation: GenerationRequest, number: int, chunks
+) -> RequestOutput:
+    """Prompt `number`'s choice chunks into `chunks`: for each choice, deltas of final text (with
+    the logprobs of the tokens since the last chunk) and its finish reason. Returns the prompt's
+    last output; its number goes into `chunks` however it ends, so the reader never waits on it."""
     params = generation.params
     stop = [] if params.include_stop_str_in_output else params.stop  # kept in the text: nothing to hold back
-    top = params.logprobs
-    extra = {"usage": None} if generation.include_usage else {}
-    n = generation.params.n
-    for index in range(n):
-        first = api.first_chunk_choice(index)
-        if first is not None:
-            yield _event({**head, "choices": [first], **extra})
-    sent = [""] * n
-    sent_tokens = [0] * n
-    ended = [False] * n
+    sent, sent_tokens, ended = [""] * params.n, [0] * params.n, [False] * params.n
     try:
         async for output in outputs:
             for completion in output.outputs:
@@ -47,15 +75,13 @@ async def stream_events(
                 if not finished:
                     text = text[: len(text) - partial_stop_length(text, stop)]
                 if len(text) > len(sent[index]) or finished:
-                    logprobs = api.logprobs(completion, sent_tokens[index], top)
-                    choice = api.chunk_choice(index, text[len(sent[index]) :], completion.finish_reason, logprobs)
-                    yield _event({**head, "choices": [choice], **extra})
+                    logprobs = api.logprobs(completion, sent_tokens[index], params.logprobs)
+                    delta, reason = text[len(sent[index]) :], completion.finish_reason
+                    chunks.put_nowait(api.chunk_choice(number * params.n + index, delta, reason, logprobs))
                     sent[index], sent_tokens[index], ended[index] = text, len(completion.token_ids), finished
-        if generation.include_usage:
-            yield _event({**head, "choices": [], "usage": usage(output)})
-    except EngineClosedError as error:
-        yield _event(OpenAIError(503, str(error)).body())
-    yield b"data: [DONE]\n\n"
+        return output
+    finally:
+        chunks.put_nowait(number)
 
 
 # --8<-- [end:stream-events]
@@ -71,12 +97,13 @@ class EventStream(StreamingResponse):
     """Server-sent events that abort their request however the response ends: finished,
     client gone (Starlette cancels the stream), or an error."""
 
-    def __init__(self, events: AsyncIterator[bytes], stream: RequestStream) -> None:
+    def __init__(self, events: AsyncIterator[bytes], streams: list[RequestStream]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.request_stream = stream
+        self.request_streams = streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.request_stream.abort()
+            for stream in self.request_streams:
+                stream.abort()
