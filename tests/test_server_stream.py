@@ -17,12 +17,8 @@ from hypothesis import strategies as st
 
 from tests.server_fixtures import tiny_model_dir  # noqa: F401
 from tinyvllm.engine.llm_engine import LLMEngine
-from tinyvllm.serving.protocol import (
-    ChatAPI,
-    CompletionsAPI,
-    GenerationRequest,
-    response_head,
-)
+from tinyvllm.serving.protocol import GenerationRequest
+from tinyvllm.serving.responses import ChatAPI, CompletionsAPI, response_head
 from tinyvllm.serving.streaming import stream_events
 
 PROMPT = "The quick brown fox"

@@ -11,7 +11,8 @@ from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.serving.protocol import OpenAIError, parse_completion
+from tinyvllm.serving.errors import OpenAIError
+from tinyvllm.serving.protocol import parse_completion
 
 with tempfile.TemporaryDirectory() as scratch:
     tokenizer = Tokenizer.from_dir(make_random_llama_dir(Path(scratch), tokenizer="bytes",

@@ -15,7 +15,8 @@ Streaming with echo is refused (`protocol.parse_completion`).
 from tinyvllm.engine.sequence import CompletionOutput, RequestOutput
 from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.serving.logprobs import LegacyRow, completion_rows, legacy_logprobs, legacy_row
-from tinyvllm.serving.protocol import CompletionsAPI, GenerationRequest
+from tinyvllm.serving.protocol import GenerationRequest
+from tinyvllm.serving.responses import CompletionsAPI
 
 
 def echo_choice(

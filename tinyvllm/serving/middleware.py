@@ -17,8 +17,8 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinyvllm.engine.async_engine import AsyncEngine
+from tinyvllm.serving.errors import OpenAIError
 from tinyvllm.serving.metrics import RequestRecord, ServerMetrics, kv_cache_usage
-from tinyvllm.serving.protocol import OpenAIError
 
 logger = logging.getLogger("tinyvllm.serving")
 RECORD_KEY = "tinyvllm_record"  # the RequestRecord's key in the request's state

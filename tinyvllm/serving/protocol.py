@@ -1,9 +1,10 @@
-"""The OpenAI API's request fields, checked by hand, and its response shapes.
+"""The OpenAI API's request fields, checked by hand (the answers' shapes: `responses.py`).
 
 A request body (a JSON object) becomes a `GenerationRequest`: the prompt (text or token
-ids; a chat's messages go through the model's chat template), the SamplingParams and the
-streaming options. Every problem raises `OpenAIError`, which the server sends back in
-OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, the message naming the field.
+ids; a chat's messages go through the model's chat template, `messages.py`), the SamplingParams
+and the streaming options. Every problem raises `OpenAIError` (`errors.py`), which the server
+sends back in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`, the message
+naming the field.
 
 Supported: model, prompt / messages, max_tokens (and max_completion_tokens for chat),
 temperature, top_p, stop, seed, stream, stream_options.include_usage, n (n choices, indices
@@ -24,16 +25,13 @@ are ignored.
 """
 
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from jinja2 import TemplateError
-
-from tinyvllm.engine.sequence import RequestOutput
-from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
+from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams, check_truncate_prompt_tokens, truncated_prompt
-from tinyvllm.serving.logprobs import chat_logprobs, completion_logprobs
+from tinyvllm.serving.errors import OpenAIError, flag, given, type_name
+from tinyvllm.serving.messages import chat_messages, chat_template_options, encode_messages
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 UNSUPPORTED = {  # field: the values that mean "not used" (completions honour echo: `echo.py`)
@@ -53,24 +51,6 @@ FIELDS = {
     "stop", "stop_token_ids", "seed", "stream", "stream_options", "n", "ignore_eos", "logprobs", "top_logprobs",
     "prompt_logprobs", *UNSUPPORTED,
 }  # fmt: skip
-
-
-class OpenAIError(Exception):
-    """An error response: HTTP status, message, and OpenAI's param / code / type fields."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @property
-    def type(self) -> str:
-        return "invalid_request_error" if self.status < 500 else "server_error"
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def bad_request(error: ValueError, prompt_field: str = "prompt") -> OpenAIError:
@@ -125,7 +105,7 @@ def parse_completion(
     if logprobs is not None:
         _check_logprobs_count("logprobs", logprobs)
     # with echo, logprobs cover the prompt too (vLLM's rule)
-    prompt_logprobs = _given(body, "prompt_logprobs", logprobs if echo else None)
+    prompt_logprobs = given(body, "prompt_logprobs", logprobs if echo else None)
     generation = _generation(body, prompt, defaults, max_tokens, "prompt", logprobs, prompt_logprobs, ("echo",))
     if echo:  # the prompt as given; token ids as their text
         generation.echo = text if isinstance(text, str) and len(prompt) == whole else tokenizer.decode(prompt)
@@ -149,7 +129,7 @@ def parse_chat(
 
 def _chat_logprobs(body: dict) -> int | None:
     """Chat's `logprobs: true` with `top_logprobs: N` (0 when left out) as SamplingParams.logprobs."""
-    wanted = _given(body, "logprobs", False)
+    wanted = given(body, "logprobs", False)
     if not isinstance(wanted, bool):
         raise OpenAIError(400, f"logprobs must be a boolean for chat completions, got {wanted!r}", param="logprobs")
     top = body.get("top_logprobs")
@@ -192,7 +172,7 @@ def _generation(
     for name, unused in UNSUPPORTED.items():
         if name not in honoured and not _is_default(body.get(name), unused):
             raise OpenAIError(400, f"{name} is not supported by tinyvllm (leave it out)", param=name)
-    stream = _given(body, "stream", False)
+    stream = given(body, "stream", False)
     if not isinstance(stream, bool):
         raise OpenAIError(400, f"stream must be a boolean, got {stream!r}", param="stream")
     if prompt_logprobs is not None:  # vLLM's extra field
@@ -201,14 +181,14 @@ def _generation(
             raise OpenAIError(400, "prompt_logprobs are not available with stream: true", param="prompt_logprobs")
     try:
         params = SamplingParams(
-            n=_given(body, "n", 1),
-            temperature=_given(body, "temperature", defaults.temperature),
-            top_p=_given(body, "top_p", defaults.top_p),
-            top_k=_given(body, "top_k", defaults.top_k),
+            n=given(body, "n", 1),
+            temperature=given(body, "temperature", defaults.temperature),
+            top_p=given(body, "top_p", defaults.top_p),
+            top_k=given(body, "top_k", defaults.top_k),
             max_tokens=max_tokens,
             stop=body.get("stop"),
             stop_token_ids=body.get("stop_token_ids"),
-            ignore_eos=_given(body, "ignore_eos", False),
+            ignore_eos=given(body, "ignore_eos", False),
             seed=body.get("seed"),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -229,17 +209,12 @@ def _truncated(body: dict, prompt: list[int], max_model_len: int) -> list[int]:
     return truncated_prompt(prompt, keep, max_model_len)
 
 
-def _given(body: dict, name: str, default: Any) -> Any:
-    value = body.get(name)
-    return default if value is None else value
-
-
 def _is_default(value: Any, unused: tuple) -> bool:
     return value is None or any(type(value) is type(default) and value == default for default in unused)
 
 
 def _max_tokens(body: dict, name: str, default: int, limit: int) -> int:
-    value = _given(body, name, default)
+    value = given(body, name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise OpenAIError(400, f"{name} must be a positive integer, got {value!r}", param=name)
     if value > limit:
@@ -278,153 +253,3 @@ def _is_one_prompt(prompt: Any) -> bool:
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-CHAT_TEMPLATE_OPTIONS = ("add_generation_prompt", "continue_final_message")
-
-
-def chat_template_options(body: dict) -> dict:
-    """vLLM's chat-template fields of a body, as `Tokenizer.apply_chat_template` keywords:
-    add_generation_prompt (default true), continue_final_message (default false, and only with
-    add_generation_prompt false, as vLLM asks) and chat_template_kwargs (the template's own
-    variables, e.g. {"enable_thinking": false})."""
-    options = {"add_generation_prompt": flag(body, "add_generation_prompt", True),
-               "continue_final_message": flag(body, "continue_final_message", False)}  # fmt: skip
-    if options["add_generation_prompt"] and options["continue_final_message"]:
-        raise OpenAIError(400, "continue_final_message needs add_generation_prompt: false (vLLM's rule)",
-                          param="continue_final_message")  # fmt: skip
-    variables = _given(body, "chat_template_kwargs", {})
-    if not isinstance(variables, dict) or not all(isinstance(key, str) for key in variables):
-        raise OpenAIError(400, f"chat_template_kwargs must be an object, got {type_name(variables)}",
-                          param="chat_template_kwargs")  # fmt: skip
-    reserved = sorted(set(variables) & {"messages", *CHAT_TEMPLATE_OPTIONS})
-    if reserved:
-        raise OpenAIError(400, f"chat_template_kwargs: {reserved} are fields of their own",
-                          param="chat_template_kwargs")  # fmt: skip
-    return {**variables, **options}
-
-
-def encode_messages(
-    tokenizer: Tokenizer, messages: list[dict], options: dict, add_special_tokens: bool = False
-) -> list[int]:
-    """The prompt ids of checked messages (`chat_messages`) through the model's chat template with
-    `options` (`chat_template_options`); a 400 naming `messages` when the template refuses them
-    (its raise_exception), cannot continue the last one, or there is none."""
-    try:
-        text = tokenizer.apply_chat_template(messages, **options)
-    except (TemplateError, TokenizerError) as error:
-        raise OpenAIError(400, f"messages: {error}", param="messages") from None
-    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-
-def flag(body: dict, name: str, default: bool) -> bool:
-    """A boolean field (left out or null: `default`); a 400 naming it otherwise."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise OpenAIError(400, f"{name} must be a boolean, got {value!r}", param=name)
-    return value
-
-
-def chat_messages(body: dict) -> list[dict]:
-    """[{role, content}] with text content; content parts {"type": "text", "text"} are joined by newlines."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        message = f"messages must be a non-empty list of {{role, content}} objects, got {type_name(messages)}"
-        raise OpenAIError(400, message, param="messages")
-    checked = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise OpenAIError(400, f"{where} must be an object with a string role", param="messages")
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "\n".join(_text_part(part, f"{where}.content[{number}]") for number, part in enumerate(content))
-        elif not isinstance(content, (str, type(None))):
-            raise OpenAIError(400, f"{where}.content must be a string or a list of text parts", param="messages")
-        checked.append({"role": message["role"], "content": content or ""})
-    return checked
-
-
-def _text_part(part: Any, where: str) -> str:
-    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-        raise OpenAIError(400, f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported",
-                          param="messages")  # fmt: skip
-    return part["text"]
-
-
-def type_name(value: Any) -> str:
-    return "nothing" if value is None else type(value).__name__
-
-
-# -- responses ----------------------------------------------------------------------------
-def usage(*outputs: RequestOutput) -> dict:
-    """OpenAI's usage of a response's outputs (one per prompt): each prompt once, the completion
-    tokens of every choice."""
-    prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
-    completion_tokens = sum(len(completion.token_ids) for output in outputs for completion in output.outputs)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
-
-
-class CompletionsAPI:
-    """/v1/completions: choices carry `text`, and `logprobs` OpenAI's legacy lists."""
-
-    id_prefix = "cmpl"
-    object = "text_completion"
-    chunk_object = "text_completion"
-
-    @staticmethod
-    def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-
-    chunk_choice = choice
-
-    logprobs = staticmethod(completion_logprobs)
-
-    @staticmethod
-    def add_prompt_logprobs(response: dict, entries: list | None) -> None:
-        for choice in response["choices"]:
-            choice["prompt_logprobs"] = entries
-
-    @staticmethod
-    def first_chunk_choice(index: int) -> dict | None:
-        return None
-
-
-class ChatAPI:
-    """/v1/chat/completions: choices carry a `message`, stream chunks a `delta`, and
-    `logprobs` {"content": [a token, its logprob, bytes and top_logprobs, per token]}."""
-
-    id_prefix = "chatcmpl"
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-
-    @staticmethod
-    def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-
-    @staticmethod
-    def chunk_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        delta = {"content": text} if text or finish_reason is None else {}
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-
-    logprobs = staticmethod(chat_logprobs)
-
-    @staticmethod
-    def add_prompt_logprobs(response: dict, entries: list | None) -> None:
-        response["prompt_logprobs"] = entries
-
-    @staticmethod
-    def first_chunk_choice(index: int) -> dict | None:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-
-
-API = type[CompletionsAPI] | type[ChatAPI]
-
-
-def response_head(api: API, request_id: str, model: str, chunk: bool) -> dict:
-    return {"id": request_id, "object": api.chunk_object if chunk else api.object, "created": int(time.time()),
-            "model": model}  # fmt: skip

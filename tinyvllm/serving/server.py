@@ -14,10 +14,10 @@
 Both generation endpoints stream server-sent events with `"stream": true` (per step, one chunk
 for each choice whose text that step made final, then `data: [DONE]`), and answer with one JSON
 object otherwise. With `n`, a response has n choices, told apart by their `index`.
-Request fields are described in `tinyvllm.serving.protocol`. Errors come in OpenAI's shape: 400 for
-a bad field or malformed JSON, 404 for another model's name, 413 for a body over the limit,
-503 once the engine has stopped. A client that goes away aborts its request, freeing its
-KV blocks at once, streaming or not.
+Request fields are described in `tinyvllm.serving.protocol` (a chat's: `messages`), the answers'
+shapes in `responses`. Errors come in OpenAI's shape (`errors`): 400 for a bad field or malformed
+JSON, 404 for another model's name, 413 for a body over the limit, 503 once the engine has stopped.
+A client that goes away aborts its request, freeing its KV blocks at once, streaming or not.
 
 Streaming (`tinyvllm.serving.streaming`) holds back text that could be the start of a stop
 string, so the streamed deltas always add up to the non-streamed text.
@@ -47,23 +47,19 @@ from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
 from tinyvllm.serving.echo import echo_choice
+from tinyvllm.serving.errors import OpenAIError
 from tinyvllm.serving.logprobs import prompt_logprobs
 from tinyvllm.serving.metrics import CONTENT_TYPE, ServerMetrics
 from tinyvllm.serving.middleware import ServingMiddleware, default_logging, log_stats_forever, logger
 from tinyvllm.serving.protocol import (
-    API,
-    ChatAPI,
-    CompletionsAPI,
     GenerationRequest,
-    OpenAIError,
     bad_request,
     check_model,
     completion_prompts,
     parse_chat,
     parse_completion,
-    response_head,
-    usage,
 )  # fmt: skip
+from tinyvllm.serving.responses import API, ChatAPI, CompletionsAPI, response_head, usage
 from tinyvllm.serving.streaming import EventStream, stream_events
 from tinyvllm.serving.tokenize import detokenize, tokenize
 

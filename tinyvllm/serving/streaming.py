@@ -20,7 +20,9 @@ from starlette.types import Receive, Scope, Send
 from tinyvllm.engine.async_engine import EngineClosedError, RequestStream
 from tinyvllm.engine.detokenizer import partial_stop_length
 from tinyvllm.engine.sequence import RequestOutput
-from tinyvllm.serving.protocol import API, GenerationRequest, OpenAIError, usage
+from tinyvllm.serving.errors import OpenAIError
+from tinyvllm.serving.protocol import GenerationRequest
+from tinyvllm.serving.responses import API, usage
 
 
 # --8<-- [start:stream-events]

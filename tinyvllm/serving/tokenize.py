@@ -16,14 +16,8 @@ optional `model` field as the generation endpoints do (404 for another model's n
 """
 
 from tinyvllm.model.tokenizer import Tokenizer
-from tinyvllm.serving.protocol import (
-    OpenAIError,
-    chat_messages,
-    chat_template_options,
-    encode_messages,
-    flag,
-    type_name,
-)
+from tinyvllm.serving.errors import OpenAIError, flag, type_name
+from tinyvllm.serving.messages import chat_messages, chat_template_options, encode_messages
 
 
 def tokenize(body: dict, tokenizer: Tokenizer, max_model_len: int) -> dict:
