@@ -105,6 +105,11 @@ def test_serve_refuses_two_different_models_naming_both():
         main(["serve", "one", "--model", "other"])
 
 
+def test_serve_refuses_a_chat_template_that_is_neither_file_nor_template(tmp_path):
+    with pytest.raises(SystemExit, match="no such file, and not a Jinja template"):
+        main(["serve", "--chat-template", str(tmp_path / "missing.jinja")])
+
+
 def test_version_answers_with_the_package_version(capsys):
     from tinyvllm import __version__
 

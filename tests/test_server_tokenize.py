@@ -82,6 +82,19 @@ def test_template_options_reach_the_template_in_tokenize_and_chat(server_url, ti
     assert completion.json()["usage"]["prompt_tokens"] == len(output.prompt_token_ids)
 
 
+def test_serve_chat_template_replaces_the_models(tiny_model_dir, tmp_path):  # noqa: F811
+    """`serve --chat-template FILE`: every chat renders through it. Oracle: LLM.chat with the same template."""
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
+    (tmp_path / "plain.jinja").write_text(template, encoding="utf-8")
+    oracle = LLM(tiny_model_dir, backend="numpy", num_blocks=64, max_model_len=MAX_MODEL_LEN)
+    [output] = oracle.chat(CHAT, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False, chat_template=template)
+    assert oracle.get_tokenizer().decode(output.prompt_token_ids).startswith("[system] Be brief.")
+    args = ["--model", str(tiny_model_dir), "--backend", "numpy", "--num-blocks", "64",
+            "--max-model-len", str(MAX_MODEL_LEN), "--chat-template", str(tmp_path / "plain.jinja")]  # fmt: skip
+    with serve(args) as url:
+        assert tokenize(url, {"messages": CHAT})["tokens"] == output.prompt_token_ids
+
+
 def test_detokenize_decodes_as_the_tokenizer_file_does(server_url, backend):
     ids = backend.encode(TEXT, add_special_tokens=True).ids  # the BOS id too: special tokens stay in the text
     response = post(server_url, "/detokenize", {"model": MODEL_NAME, "tokens": ids})

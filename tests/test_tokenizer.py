@@ -22,7 +22,7 @@ from tinyvllm.engine.detokenizer import (
     find_stop_string,
     partial_stop_length,
 )
-from tinyvllm.model.tokenizer import Tokenizer, TokenizerError
+from tinyvllm.model.tokenizer import Tokenizer, TokenizerError, load_chat_template
 
 CORPUS = [
     "Hello world, this is a tiny corpus for a tiny tokenizer.",
@@ -191,6 +191,16 @@ def test_continue_final_message_matches_transformers(ours, oracle, template, mes
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True) == expected
     ids = tokenizer.encode_chat(messages, add_generation_prompt=False, continue_final_message=True)
     assert ids == tokenizer.encode(expected, add_special_tokens=False)
+
+
+def test_a_template_given_in_place_of_the_models_renders_as_transformers_does(ours, oracle, tmp_path):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    expected = oracle.apply_chat_template(messages, chat_template=CHATML_LINES, tokenize=False)
+    assert ours.apply_chat_template(messages, add_generation_prompt=False, chat_template=CHATML_LINES) == expected
+    (tmp_path / "template.jinja").write_text(CHATML_LINES, encoding="utf-8")
+    assert load_chat_template(tmp_path / "template.jinja") == load_chat_template(CHATML_LINES) == CHATML_LINES
+    with pytest.raises(TokenizerError, match="no such file"):
+        load_chat_template(tmp_path / "missing.jinja")
 
 
 def test_chat_template_tools_names_and_none_values_match_transformers(ours, oracle):

@@ -136,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,  # as vllm serve reads it
         log_requests=not args.disable_log_requests,
         log_stats=not args.disable_log_stats,
+        chat_template=args.chat_template,
     )
 
 
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-tokens-limit", type=int, help="most max_tokens a request may ask for (default: max_model_len)"
     )
+    serve.add_argument("--chat-template", help="a chat template file (or its Jinja text) in place of the model's")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
     add_engine_arguments(serve)
     serve.set_defaults(handler=cmd_serve)

@@ -95,6 +95,7 @@ class LLM:
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Apply the chat template and generate (vLLM's arguments).
@@ -106,12 +107,14 @@ class LLM:
             add_generation_prompt: end the prompt with the template's opening of an assistant turn.
             continue_final_message: end the prompt inside the last message, which the model then
                 continues (a prefilled answer); needs add_generation_prompt=False, as in vLLM.
+            chat_template: a Jinja chat template (its text) in place of the model's.
             chat_template_kwargs: more variables for the template (e.g. `date_string`).
         """
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        options = {**(chat_template_kwargs or {}), "continue_final_message": continue_final_message}
+        options = {**(chat_template_kwargs or {}), "continue_final_message": continue_final_message,
+                   "chat_template": chat_template}  # fmt: skip
         prompts = [self.tokenizer.encode_chat(chat, add_generation_prompt, **options) for chat in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -118,9 +118,11 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         *,
         continue_final_message: bool = False,
+        chat_template: str | None = None,
         **template_kwargs,
     ) -> str:
-        """The chat rendered by the model's template, as transformers renders it (see the module docstring).
+        """The chat rendered by the model's template (or `chat_template`, Jinja text, in its place), as
+        transformers renders it (see the module docstring).
 
         `continue_final_message` ends the text inside the last message, so that a model continues
         it (a prefilled answer) instead of starting a new one: as transformers does, the last
@@ -129,7 +131,8 @@ class Tokenizer:
         reach the template as variables (e.g. `tools`, `date_string`). A template's
         `raise_exception(message)` raises `jinja2.TemplateError`.
         """
-        if self.chat_template is None:
+        chat_template = chat_template if chat_template is not None else self.chat_template
+        if chat_template is None:
             raise TokenizerError("this tokenizer has no chat template (tokenizer_config.json or chat_template.jinja)")
         variables = {"tools": None, "documents": None, **self.special_tokens, **template_kwargs}
         messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
@@ -137,7 +140,7 @@ class Tokenizer:
             if not messages or not isinstance(messages[-1].get("content"), str):
                 raise TokenizerError("continue_final_message needs a last message with text content")
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + CONTINUE_MARKER}
-        template = _compile(self.chat_template)
+        template = _compile(chat_template)
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         if not continue_final_message:
             return text
@@ -162,6 +165,17 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
     # --8<-- [end:chat]
+
+
+def load_chat_template(value: str | Path) -> str:
+    """A chat template given as vLLM's --chat-template takes it: a file's path, or the Jinja text
+    itself; TokenizerError when it is neither."""
+    text = str(value)
+    if "{{" in text or "{%" in text:  # Jinja, not a path (a long text is no valid file name either)
+        return text
+    if not Path(value).is_file():
+        raise TokenizerError(f"chat template {text!r}: no such file, and not a Jinja template either")
+    return Path(value).read_text(encoding="utf-8")
 
 
 def _token_content(value) -> str:

@@ -20,7 +20,8 @@ def chat_template_options(body: dict) -> dict:
     """vLLM's chat-template fields of a body, as `Tokenizer.apply_chat_template` keywords:
     add_generation_prompt (default true), continue_final_message (default false, and only with
     add_generation_prompt false, as vLLM asks) and chat_template_kwargs (the template's own
-    variables, e.g. {"enable_thinking": false})."""
+    variables, e.g. {"enable_thinking": false}). A template sent with the request is not taken (vLLM
+    trusts one only when told to): the server's own is `serve --chat-template`."""
     options = {"add_generation_prompt": flag(body, "add_generation_prompt", True),
                "continue_final_message": flag(body, "continue_final_message", False)}  # fmt: skip
     if options["add_generation_prompt"] and options["continue_final_message"]:
@@ -30,7 +31,7 @@ def chat_template_options(body: dict) -> dict:
     if not isinstance(variables, dict) or not all(isinstance(key, str) for key in variables):
         raise OpenAIError(400, f"chat_template_kwargs must be an object, got {type_name(variables)}",
                           param="chat_template_kwargs")  # fmt: skip
-    reserved = sorted(set(variables) & {"messages", *CHAT_TEMPLATE_OPTIONS})
+    reserved = sorted(set(variables) & {"messages", "chat_template", *CHAT_TEMPLATE_OPTIONS})
     if reserved:
         raise OpenAIError(400, f"chat_template_kwargs: {reserved} are fields of their own",
                           param="chat_template_kwargs")  # fmt: skip

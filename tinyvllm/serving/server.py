@@ -46,6 +46,7 @@ from tinyvllm.config import EngineConfig
 from tinyvllm.engine.async_engine import AsyncEngine, EngineClosedError
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.sequence import RequestOutput
+from tinyvllm.model.tokenizer import load_chat_template
 from tinyvllm.serving.echo import echo_choice
 from tinyvllm.serving.errors import OpenAIError
 from tinyvllm.serving.logprobs import prompt_logprobs
@@ -294,16 +295,21 @@ def run_server(
     api_key: str | None = None,
     log_requests: bool = True,
     log_stats: bool = True,
+    chat_template: str | None = None,
 ) -> None:
     """Load the model, then serve until interrupted (SIGTERM: see `tinyvllm.serving.shutdown`).
-    max_tokens_limit defaults to max_model_len."""
+    max_tokens_limit defaults to max_model_len; chat_template (a file's path or Jinja text, as
+    `load_chat_template` reads it) replaces the model's for every chat."""
     import uvicorn
 
     from tinyvllm.serving.shutdown import EngineFirstServer, exit_on_sigterm
 
     default_logging()
 
+    template = None if chat_template is None else load_chat_template(chat_template)  # before the model loads
     engine = LLMEngine(model, engine_config=engine_config)
+    if template is not None:
+        engine.tokenizer.chat_template = template
     config = ServerConfig(
         served_model_name=served_model_name or engine.model_dir.name,
         max_tokens_limit=engine.max_model_len if max_tokens_limit is None else max_tokens_limit,
