@@ -73,7 +73,7 @@ class Sequence:
     ) -> None:
         """One completion of a request (the `index`-th); a lone sequence is its own group.
         `prompt_token_ids` are Python ints (LLMEngine's tokenizing makes them so), copied."""
-        # a plain copy: list(map(int, ...)) took 90 us of a 2,112-token prompt's admission
+        # a plain copy: converting each id again cost as much as the rest of admission (perf/LOG.md, 2026-12-05)
         token_ids = list(prompt_token_ids)
         if not token_ids:
             raise ValueError("prompt_token_ids must hold at least one token")

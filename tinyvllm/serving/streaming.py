@@ -1,13 +1,13 @@
-"""Server-sent events: one request's outputs as OpenAI's stream chunks.
+"""Server-sent events: a request's outputs as OpenAI's stream chunks.
 
 Per step, one chunk for each choice whose text that step made final (with the logprobs of its
 tokens since the chunk before), then its finish reason, usage when asked, and `data: [DONE]`.
-A completions batch streams its prompts' chunks as they come, merged, each choice's index
-prompt i's choice j = i * n + j, as vLLM numbers them.
-Text that could be the start of a stop string is held back until the next tokens tell (the
-engine cuts a stop string when it completes; with include_stop_str_in_output nothing is cut, so
-nothing is held), so the streamed deltas always add up to the non-streamed text. The response
-aborts its request however it ends: finished, client gone, or an error.
+A completions batch streams its prompts' chunks merged as they come, prompt i's choice j at
+index i * n + j, as vLLM numbers them. Text that could be the start of a stop string is held
+back until the next tokens tell (the engine cuts a stop string when it completes; with
+include_stop_str_in_output nothing is cut, so nothing is held), so the streamed deltas always add
+up to the non-streamed text. The response aborts its requests however it ends: finished, client
+gone, or an error.
 """
 
 import asyncio
