@@ -1,6 +1,6 @@
 """Attention on the GPU: naive vs flash prefill, paged decode vs split-K (flash-decoding).
 
-    python -m perf.bench_attention [--repeats 30] [--sweep]
+    python -m perf.bench_attention [--repeats 30] [--sweep] [--prefill-only] [--p-precision]
 
 Llama 3.2 1B heads (32 query, 8 KV, D 64), 16-token cache blocks in shuffled order, random
 bf16 values (no zeros). Times are medians of CUDA-event timings with a cold L2
@@ -14,7 +14,10 @@ token (QK^T and PV).
 
 Prefill of whole prompts, 1 x 4096 and 16 x 1024 tokens: naive (three kernels through a
 2 GB float32 score buffer) against flash prefill; plus a chunked prefill (4 x 512 new
-tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half.
+tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half. `--p-precision`
+also times flash prefill with P V in one float16 pass (`p_precision="fp16"`) beside the default
+two bf16 passes at those shapes, on the same inputs: their ratio, and the fp16 output's relative
+difference from the bf16x2 one (which is P-exact to about 2^-16).
 
 Cascade decode at batch 256, 192, 128 and 64, context 2112 of which the first 2048 tokens are the same
 blocks in every table: the engine's plain decode (`decode_attention`) against cascade
@@ -52,6 +55,7 @@ from tinyvllm.kernels.attention_split import (
     decode_workspace_shape,
     split_decode_attention,
 )
+from tinyvllm.kernels.attention_tiles import P_PRECISIONS
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.reference import causal_attention, from_bf16
 
@@ -176,11 +180,13 @@ def cascade_case(cache: Cache, num_seqs: int, context: int, shared: int, repeats
     }
 
 
-def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: int, with_naive: bool) -> dict:
+def prefill_inputs(cache: Cache, num_seqs: int, new: int, cached: int) -> tuple:
+    """(q, k, v, (k cache, v cache, tables, cu_seqlens, context lens), flops) of a prefill case whose new
+    tokens' K and V are in the cache."""
     tokens = num_seqs * new
     context = cached + new
     tables = cache.block_tables(num_seqs, context)
-    q, out = random_bf16(tokens, Q_HEADS, HEAD_DIM), random_bf16(tokens, Q_HEADS, HEAD_DIM)
+    q = random_bf16(tokens, Q_HEADS, HEAD_DIM)
     k, v = random_bf16(tokens, KV_HEADS, HEAD_DIM), random_bf16(tokens, KV_HEADS, HEAD_DIM)
     positions = np.tile(np.arange(cached, context), num_seqs)
     sequence = np.repeat(np.arange(num_seqs), new)
@@ -191,9 +197,15 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
     upload_blocks(cache.v, v, slots)
     cu_seqlens = cuda.to_device(np.arange(0, tokens + 1, new, dtype=np.int32))
     paged = (cache.k, cache.v, cuda.to_device(tables), cu_seqlens, cuda.to_device(np.full(num_seqs, context, np.int32)))
-    flash = median_ms(lambda: prefill_attention(q, *paged, out), repeats=repeats)
     visible_keys = num_seqs * (new * cached + new * (new + 1) // 2)
-    flops = 4 * visible_keys * Q_HEADS * HEAD_DIM
+    return q, k, v, paged, 4 * visible_keys * Q_HEADS * HEAD_DIM
+
+
+def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: int, with_naive: bool) -> dict:
+    q, k, v, paged, flops = prefill_inputs(cache, num_seqs, new, cached)
+    tokens, cu_seqlens = q.shape[0], paged[3]
+    out = random_bf16(tokens, Q_HEADS, HEAD_DIM)
+    flash = median_ms(lambda: prefill_attention(q, *paged, out), repeats=repeats)
     row = {"shape": f"{num_seqs}x{new}+{cached}", "flash_ms": flash, "flash_tflops": flops / flash / 1e9}
     if with_naive:
         scores = cuda.device_array(naive_scratch_shape(tokens, Q_HEADS, new), np.float32)
@@ -208,6 +220,23 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
             speedup=naive / flash,
             flash_vs_naive_error=relative_error(out, naive_out),
         )
+    return row
+
+
+def precision_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: int) -> dict:
+    """Flash prefill with P V in two bf16 passes and in one float16 pass, on the same inputs."""
+    q, _, _, paged, flops = prefill_inputs(cache, num_seqs, new, cached)
+    outs = {mode: random_bf16(*q.shape) for mode in P_PRECISIONS}
+
+    def timed(mode: str) -> float:
+        return median_ms(lambda: prefill_attention(q, *paged, outs[mode], p_precision=mode), repeats=repeats)
+
+    row = {"shape": f"{num_seqs}x{new}+{cached}"}
+    for mode in P_PRECISIONS:
+        ms = timed(mode)
+        row.update({f"{mode}_ms": ms, f"{mode}_tflops": flops / ms / 1e9})
+    row["fp16_speedup"] = row["bf16x2_ms"] / row["fp16_ms"]
+    row["fp16_vs_bf16x2_error"] = relative_error(outs["fp16"], outs["bf16x2"])
     return row
 
 
@@ -236,6 +265,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sweep", action="store_true", help="also time other work splits at the bar shapes")
     parser.add_argument("--prefill-only", action="store_true", help="time the prefill cases alone")
+    parser.add_argument(
+        "--p-precision",
+        action="store_true",
+        help="also time flash prefill with P V in one float16 pass against the two bf16 passes, side by side",
+    )
     args = parser.parse_args()
     if config.ENABLE_CUDASIM:
         raise SystemExit("bench_attention times real kernels: it needs a CUDA GPU, not the simulator")
@@ -250,6 +284,7 @@ def main() -> None:
     prefill = [prefill_case(cache, s, n, c, args.repeats, with_naive=c == 0) for s, n, c in PREFILLS]
     cascade = [cascade_case(cache, seqs, 2112, 2048, args.repeats) for seqs in CASCADE_SEQS]
     variants = sweep(cache, args.repeats, args.prefill_only) if args.sweep else []
+    precision = [precision_case(cache, s, n, c, args.repeats) for s, n, c in PREFILLS] if args.p_precision else []
 
     print(f"device copy (read+write): {copy:.2f} TB/s")
     print(
@@ -275,6 +310,14 @@ def main() -> None:
         print(
             f"{r['shape']:>24} {r['plain_ms']:9.4f} {r['cascade_ms']:11.4f} {r['speedup']:7.2f}x "
             f"{r['cascade_vs_plain_error']:8.1e}"
+        )
+    if precision:
+        columns = f"{'bf16x2 ms':>10} {'TFLOP/s':>8} {'fp16 ms':>8} {'TFLOP/s':>8} {'speedup':>8} {'diff':>8}"
+        print(f"\n{'P precision':>14} {columns}")
+    for r in precision:
+        print(
+            f"{r['shape']:>14} {r['bf16x2_ms']:10.3f} {r['bf16x2_tflops']:8.2f} {r['fp16_ms']:8.3f} "
+            f"{r['fp16_tflops']:8.2f} {r['fp16_speedup']:7.2f}x {r['fp16_vs_bf16x2_error']:8.1e}"
         )
     for r in variants:
         if r["kernel"] == "prefill":
@@ -306,6 +349,7 @@ def main() -> None:
                 "prefill": prefill,
                 "cascade": cascade,
                 "sweep": variants,
+                "p_precision": precision,
             },
             indent=2,
         )

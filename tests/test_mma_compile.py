@@ -17,7 +17,9 @@ from tests.helpers import SIMULATOR
 pytestmark = pytest.mark.skipif(SIMULATOR or shutil.which("ptxas") is None, reason="needs NVVM and ptxas, no simulator")
 
 
-@pytest.mark.parametrize("name", ["mma_kernel", "staged_kernel", "mma_gemm_kernel", "gemm_kernel"])
+@pytest.mark.parametrize(
+    "name", ["mma_kernel", "staged_kernel", "mma_gemm_kernel", "gemm_kernel", "chained_f16_kernel"]
+)
 def test_kernel_compiles_to_tensor_core_instructions_without_spills(name):
     from perf.experiments.mma_sass import KERNELS, compile_for_sm90
 
@@ -28,4 +30,6 @@ def test_kernel_compiles_to_tensor_core_instructions_without_spills(name):
     if name != "mma_kernel":
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "cp.async.cg.shared.global" in ptx
         assert ".shared .align 16" in ptx
+    if name == "chained_f16_kernel":
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "cvt.rn.f16x2.f32" in ptx
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report

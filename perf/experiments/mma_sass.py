@@ -1,4 +1,4 @@
-"""The tensor-core kernels (tests/test_mma.py, mma_gemm.py, kernels/gemm.py) as the H200 would run them, without a GPU.
+"""The tensor-core kernels (tests/test_mma*.py, mma_gemm.py, kernels/gemm.py) as the H200 would run them, without a GPU.
 
     PATH=$CUDA/bin:$PATH LD_LIBRARY_PATH=$CUDA/lib python -m perf.experiments.mma_sass
 
@@ -27,6 +27,7 @@ from numba import cuda, types
 
 from perf.experiments.mma_gemm import mma_gemm_kernel
 from tests.test_mma import mma_kernel, staged_kernel
+from tests.test_mma_f16 import chained_f16_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import gemm_kernel, stage_chunk_async, store_bf16
 
@@ -37,6 +38,7 @@ KERNELS = {
     "staged_kernel": (staged_kernel, (types.uint16[::1], types.uint16[::1], types.float32[:, ::1])),
     "mma_gemm_kernel": (mma_gemm_kernel, (TILE, TILE, types.float32[:, ::1])),
     "gemm_kernel": (gemm_kernel(stage_chunk_async, store_bf16), (TILE, TILE, TILE)),
+    "chained_f16_kernel": (chained_f16_kernel, (*[types.uint16[::1]] * 3, types.float32[:, ::1])),
 }
 SASS_OF_INTEREST = re.compile(r"HMMA|LDSM|LDGSTS|DEPBAR")
 PTX_OF_INTEREST = re.compile(r"mma\.sync|ldmatrix|cp\.async")

@@ -199,8 +199,9 @@ class CudaBackend:
 
     def prefill_attention(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out) -> None:
         attention_prefill.prefill_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, stream=self.stream
-        )
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+            stream=self.stream, p_precision=self.variants.prefill_p_precision,
+        )  # fmt: skip
 
     def decode_scratch(self, max_seqs: int, config, cascade: bool = False):
         """Split-K's float32 partial results, sized for the whole GPU (any batch), and with

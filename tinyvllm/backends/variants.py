@@ -62,6 +62,11 @@ EPILOGUES = {"linear": (), "linear_silu_mul": ("silu_mul",), "linear_rope_write_
 """The kernels that follow any other product kernel, reading what it wrote."""
 PRODUCT_KERNELS = {"cublas": "cublas_gemm", "tiled": "gemm"}
 """The launcher of each product kernel that leaves the norm and the epilogue to kernels of their own."""
+PREFILL_P_PRECISION = "fp16"
+"""How flash prefill multiplies P V (`attention_tiles.P_PRECISIONS`): one float16 pass took
+0.95 to 0.97 of the two bf16 passes' time at 1 x 4,096, 16 x 1,024 and 4 x 512 + 1,536
+tokens (H100, `perf/bench_attention.py --p-precision`, 2026-12-06). Cascade's shared kernel
+keeps "bf16x2": not measured there."""
 
 
 # --8<-- [start:dispatch]
@@ -133,6 +138,11 @@ class VariantTable:
     def product(self, rows: int) -> str:
         """The matrix-product kernel for x of `rows` rows: "cublas", "tiled" or "gemv"."""
         return product_kernel(self.linear_backend, rows, self.cublas_available)
+
+    @property
+    def prefill_p_precision(self) -> str:
+        """How flash prefill's P V takes the probabilities (PREFILL_P_PRECISION)."""
+        return PREFILL_P_PRECISION
 
     def decode_partitions(self, num_seqs: int, num_kv_heads: int, max_context_len: int) -> int:
         """The parts each context of a decode batch is cut into (1: no split); max_context_len

@@ -42,6 +42,7 @@ from tinyvllm.kernels.attention_split import MAX_PARTITIONS, MERGE_BATCH, MERGE_
 from tinyvllm.kernels.attention_tiles import (
     block_rows,
     check_head_dim,
+    check_p_precision,
     empty_state,
     flash_tiles,
     lane_rows,
@@ -67,11 +68,11 @@ def store_state(workspace, slot, head_dim, n_tiles, acc, c0, peak, total):
 
 
 @functools.cache
-def _shared_prefix_kernel(head_dim, group, threads, keys, rows):
+def _shared_prefix_kernel(head_dim, group, threads, keys, rows, p_precision):
     units = rows // group
     dim_tiles = head_dim // MMA_N
     query_words = (head_dim // MMA_K, 4)
-    load_query, fold, finish = flash_tiles(head_dim, threads, keys)
+    load_query, fold, finish = flash_tiles(head_dim, threads, keys, p_precision)
 
     @cuda.jit
     def shared_prefix(q, k_flat, v_flat, block_tables, shared_len, log2_block_size, first_slot, workspace):
@@ -177,6 +178,7 @@ def cascade_decode_attention(
     shared_partitions: int,
     *,
     stream=0,
+    p_precision: str = "bf16x2",
 ) -> None:
     """Decode attention whose first shared_len[0] tokens are the same blocks in every table.
 
@@ -187,13 +189,15 @@ def cascade_decode_attention(
     the prefix (a padding row) attends to the prefix alone. num_partitions: parts of each
     sequence's own range [shared_len, context_len); shared_partitions: parts of the prefix
     (`cascade_shared_partitions`). workspace: float32[rows, D + 2] with rows at least
-    `cascade_workspace_rows`. Other arguments as in `paged_decode_attention`.
+    `cascade_workspace_rows`. p_precision: how the shared kernel's P V takes the probabilities
+    (`prefill_attention`'s). Other arguments as in `paged_decode_attention`.
     """
     num_seqs, num_heads, num_kv_heads, head_dim, block_size, _ = check_decode(
         q, k_cache, v_cache, block_tables, context_lens, out
     )
     check_array("shared_len", shared_len, np.int32, (1,))
     check_head_dim(head_dim)
+    check_p_precision(p_precision)
     rows, _ = check_array("workspace", workspace, np.float32, (None, head_dim + WORKSPACE_EXTRA))
     for name, value in (("num_partitions", num_partitions), ("shared_partitions", shared_partitions)):
         if not 1 <= value <= MAX_PARTITIONS:
@@ -210,7 +214,7 @@ def cascade_decode_attention(
     group = num_heads // num_kv_heads
     threads, keys = tile_shape(head_dim)
     rows = block_rows()
-    kernel = _shared_prefix_kernel(head_dim, group, threads, keys, rows)
+    kernel = _shared_prefix_kernel(head_dim, group, threads, keys, rows, p_precision)
     grid = (num_kv_heads, -(-num_seqs // (rows // group)), shared_partitions)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     first_slot = num_seqs * num_heads * num_partitions

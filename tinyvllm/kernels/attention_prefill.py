@@ -30,6 +30,7 @@ from tinyvllm.kernels.attention_common import block_shift, check_paged_cache, ch
 from tinyvllm.kernels.attention_tiles import (
     block_rows,
     check_head_dim,
+    check_p_precision,
     empty_state,
     flash_tiles,
     lane_rows,
@@ -52,11 +53,11 @@ def store_row(out, token, head, n_tiles, acc, c0, inverse):
 
 
 @functools.cache
-def _prefill_kernel(head_dim, group, threads, keys, rows):
+def _prefill_kernel(head_dim, group, threads, keys, rows, p_precision):
     units = rows // group
     dim_tiles = head_dim // MMA_N
     query_words = (head_dim // MMA_K, 4)
-    load_query, fold, finish = flash_tiles(head_dim, threads, keys)
+    load_query, fold, finish = flash_tiles(head_dim, threads, keys, p_precision)
 
     @cuda.jit
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):
@@ -102,18 +103,23 @@ def _prefill_kernel(head_dim, group, threads, keys, rows):
     return prefill
 
 
-def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, *, stream=0) -> None:
+def prefill_attention(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, *, stream=0, p_precision: str = "bf16x2"
+) -> None:
     """Causal attention of the packed new tokens q over their sequences' cached context.
 
     q, out: uint16[T, Hq, D]; k_cache, v_cache: uint16[num_blocks, block_size, Hkv, D];
     block_tables: int32[S, max_blocks]; cu_seqlens_q: int32[S + 1], cu[0] = 0, cu[S] <= T;
     context_lens: int32[S] with n_s <= context_lens[s] <= max_blocks * block_size.
-    Rows past cu[S] are left as they are.
+    Rows past cu[S] are left as they are. p_precision: how P V takes the probabilities,
+    "bf16x2" (two bf16 passes) or "fp16" (one float16 pass, `attention_fp16.py`); each is its
+    own kernel.
     """
     num_tokens, num_heads, num_kv_heads, head_dim, block_size = check_paged_cache(q, k_cache, v_cache, out)
     num_seqs, _ = check_sequences(block_tables, context_lens, None)
     check_array("cu_seqlens_q", cu_seqlens_q, np.int32, (num_seqs + 1,))
     check_head_dim(head_dim)
+    check_p_precision(p_precision)
     if num_seqs == 0 or num_tokens == 0:
         return
     group = num_heads // num_kv_heads
@@ -121,7 +127,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     if group > rows:
         raise ValueError(f"prefill: {group} query heads a KV head, at most {rows}")
     threads, keys = tile_shape(head_dim)
-    kernel = _prefill_kernel(head_dim, group, threads, keys, rows)
+    kernel = _prefill_kernel(head_dim, group, threads, keys, rows, p_precision)
     grid = (num_kv_heads, num_tokens // (rows // group) + num_seqs)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)
     shift = block_shift(block_size)

@@ -19,6 +19,7 @@ the fragment layouts of `device/mma.py`):
                              remainder, also in bf16. One bf16 P (FlashAttention-2's choice)
                              moved SmolLM2's prefill attention 2e-3 in norm from the float
                              reference, twenty times the rest of the kernel's error
+                             (`p_precision="fp16"`: once, in float16, `attention_fp16.py`)
 
 The tiles reach shared memory by `cp.async`, double-buffered: while a warp multiplies tile
 i, tile i + 1 is in flight. Shared rows are D + 8 elements long, so the 8 rows one ldmatrix
@@ -32,11 +33,14 @@ Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 18 KB at D = 64 an
 
 import functools
 import math
+from operator import attrgetter
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.attention_common import LOG2_E, rescale
+from tinyvllm.kernels.attention_fp16 import fp16_fold
 from tinyvllm.kernels.device.mma import (
     MMA_K,
     MMA_M,
@@ -63,6 +67,8 @@ at 1 x 4,096 tokens, 0.567 against 0.629 at 16 x 1,024: perf/bench_attention.py 
 2026-12-04): half the score registers a lane, and one staged tile serves twice the rows."""
 PAD = 8
 """Elements after each shared row: D + 8 bf16 is an odd number of 16-byte groups."""
+P_PRECISIONS = ("bf16x2", "fp16")
+"""How P V takes P: two bf16 passes (`pv_bf16x2`), or one float16 pass (`attention_fp16.py`)."""
 
 
 def tile_shape(head_dim: int) -> tuple[int, int]:
@@ -81,7 +87,7 @@ def block_rows() -> int:
 
 
 @functools.cache
-def flash_tiles(head_dim: int, threads: int, keys: int):
+def flash_tiles(head_dim: int, threads: int, keys: int, p_precision: str = "bf16x2"):
     """The three inline device functions of one block shape:
 
         load_query(row0, row1, query)      the lane's Q fragments of its rows g and g + 8
@@ -93,15 +99,27 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
         finish(maxes, sums) -> (sum0, sum1)  the rows' whole sums (the quad's lanes added)
 
     `out` is float32[D / 8, 4] (the O accumulators), `maxes` and `sums` float32[2]; the
-    caller empties them (`empty_state`)."""
+    caller empties them (`empty_state`). `p_precision` picks fold's P V (`P_PRECISIONS`)."""
+    check_p_precision(p_precision)
+    parts = tile_parts(head_dim, threads, keys)
+    fold = fp16_fold(parts) if p_precision == "fp16" else bf16x2_fold(parts)
+    return parts.load_query, fold, parts.finish
+
+
+def check_p_precision(p_precision: str) -> None:
+    if p_precision not in P_PRECISIONS:
+        raise ValueError(f"p_precision {p_precision!r}: one of {', '.join(P_PRECISIONS)}")
+
+
+@functools.cache
+def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
+    """What both folds are made of: the block shape's sizes and device functions."""
     steps = head_dim // MMA_K
     dim_tiles = head_dim // MMA_N
     key_tiles = keys // MMA_N
     key_steps = keys // MMA_K
     stride = head_dim + PAD
     tile_elements = keys * stride
-    buffers_shape = 2 * tile_elements  # two tiles, one filling while the other is used
-    scores_shape = (key_tiles, 4)
     chunks_per_key = head_dim // VECTOR
     tile_chunks = keys * chunks_per_key
     chunks_per_thread = -(-tile_chunks // threads)
@@ -124,16 +142,20 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
             query[s, 3] = pair(row1, d + 8)
 
     @cuda.jit(device=True, inline=True)
+    def chunk_at(c):
+        """The thread's chunk c of a tile (8 elements): (whether the tile has it, its key, its column)."""
+        chunk = np.uint32(cuda.threadIdx.x + c * threads)
+        return whole or chunk < tile_chunks, chunk // chunks_per_key, chunk % chunks_per_key * VECTOR
+
+    @cuda.jit(device=True, inline=True)
     def issue(k_flat, v_flat, table, kv_head, tile_start, end, shift, k_tiles, v_tiles, base):
         """Start the copies of the tile at tile_start into the buffer at `base` (gridDim.x = Hkv)."""
         row_mask = (np.uint32(1) << shift) - np.uint32(1)
         row_stride = np.uint32(cuda.gridDim.x) * head_dim_u
         block_stride = np.uint64(row_stride) << np.uint64(shift)
         for c in range(chunks_per_thread):
-            chunk = np.uint32(cuda.threadIdx.x + c * threads)
-            if whole or chunk < tile_chunks:
-                key = chunk // chunks_per_key
-                column = chunk % chunks_per_key * VECTOR
+            inside, key, column = chunk_at(c)
+            if inside:
                 position = min(np.uint32(tile_start) + key, np.uint32(end - 1))
                 offset = np.uint64(table[position >> shift]) * block_stride + np.uint64(
                     (position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column
@@ -142,6 +164,34 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
                 cp_async_16(k_tiles, target, k_flat, offset)
                 cp_async_16(v_tiles, target, v_flat, offset)
         cp_async_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def lane_offsets():
+        """ldmatrix: lanes 8j .. 8j + 7 name the rows of matrix j (mma.py): this lane's row in
+        a K tile (x4: two n8 tiles of keys, two k halves) and in a V tile (x4.trans: two k
+        halves, two n8 tiles of dimensions)."""
+        lane = cuda.threadIdx.x % 32
+        matrix, matrix_row = lane // 8, lane % 8
+        k_lane = (matrix_row + 8 * (matrix // 2)) * stride + 8 * (matrix % 2)
+        v_lane = (matrix_row + 8 * (matrix % 2)) * stride + 8 * (matrix // 2)
+        return k_lane, v_lane
+
+    @cuda.jit(device=True, inline=True)
+    def mma_into(acc, n, a0, a1, a2, a3, b0, b1):
+        d0, d1, d2, d3 = mma_bf16_16816(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+        acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = d0, d1, d2, d3
+
+    @cuda.jit(device=True, inline=True)
+    def tile_scores(k_tiles, k_at, query, scores):
+        """S = Q K^T of the K tile whose lane row starts at k_at."""
+        for j in range(key_tiles):
+            for c in range(4):
+                scores[j, c] = float32(0.0)
+        for s in range(steps):
+            for j in range(0, key_tiles, 2):
+                b00, b01, b10, b11 = ldmatrix_x4(k_tiles, k_at + MMA_N * j * stride + MMA_K * s)
+                mma_into(scores, j, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b00, b01)
+                mma_into(scores, j + 1, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b10, b11)
 
     @cuda.jit(device=True, inline=True)
     def softmax_tile(scores, tile_start, last0, last1, out, maxes, sums):
@@ -187,22 +237,46 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
         head = bf16x2(low, high)
         return head, bf16x2(low - low_half(head), high - high_half(head))
 
+    # --8<-- [start:pv]
     @cuda.jit(device=True, inline=True)
-    def mma_into(acc, n, a0, a1, a2, a3, b0, b1):
-        d0, d1, d2, d3 = mma_bf16_16816(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
-        acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = d0, d1, d2, d3
+    def pv_bf16x2(v_tiles, v_at, scores, out):
+        """O += P V for the bf16 V tile whose lane row starts at v_at: P's bf16 rounding, then its remainder."""
+        for s in range(key_steps):
+            a0, r0 = split_pair(scores[2 * s, 0], scores[2 * s, 1])
+            a1, r1 = split_pair(scores[2 * s, 2], scores[2 * s, 3])
+            a2, r2 = split_pair(scores[2 * s + 1, 0], scores[2 * s + 1, 1])
+            a3, r3 = split_pair(scores[2 * s + 1, 2], scores[2 * s + 1, 3])
+            for n in range(0, dim_tiles, 2):
+                b00, b01, b10, b11 = ldmatrix_x4_trans(v_tiles, v_at + MMA_K * s * stride + MMA_N * n)
+                mma_into(out, n, a0, a1, a2, a3, b00, b01)
+                mma_into(out, n + 1, a0, a1, a2, a3, b10, b11)
+                mma_into(out, n, r0, r1, r2, r3, b00, b01)
+                mma_into(out, n + 1, r0, r1, r2, r3, b10, b11)
+
+    # --8<-- [end:pv]
+
+    @cuda.jit(device=True, inline=True)
+    def finish(sums):
+        return quad_sum(sums[0]), quad_sum(sums[1])
+
+    return SimpleNamespace(**locals())
+
+
+def bf16x2_fold(parts: SimpleNamespace):
+    """`flash_tiles`'s fold with P V in two bf16 passes (`pv_bf16x2`)."""
+    issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2, keys, tile_elements, key_tiles = attrgetter(
+        "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2", "keys", "tile_elements", "key_tiles"
+    )(parts)
+    buffers_shape, scores_shape = 2 * tile_elements, (key_tiles, 4)
 
     # --8<-- [start:fold]
     @cuda.jit(device=True, inline=True)
     def fold(k_flat, v_flat, table, kv_head, start, end, shift, last0, last1, query, out, maxes, sums):
+        # two buffers: one tile filling while the other is used
         k_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
         v_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
         scores = cuda.local.array(scores_shape, float32)
-        lane = cuda.threadIdx.x % 32
-        matrix, matrix_row = lane // 8, lane % 8
-        # ldmatrix: lanes 8j .. 8j + 7 name the rows of matrix j (mma.py)
-        k_lane = (matrix_row + 8 * (matrix // 2)) * stride + 8 * (matrix % 2)
-        v_lane = (matrix_row + 8 * (matrix % 2)) * stride + 8 * (matrix // 2)
+        k_lane, v_lane = lane_offsets()
         issue(k_flat, v_flat, table, kv_head, start, end, shift, k_tiles, v_tiles, 0)
         for tile_start in range(start, end, keys):
             base = (tile_start - start) // keys % 2 * tile_elements
@@ -213,36 +287,14 @@ def flash_tiles(head_dim: int, threads: int, keys: int):
                 cp_async_commit()  # an empty group, so that one wait rule serves every tile
             cp_async_wait(1)
             cuda.syncthreads()
-            for j in range(key_tiles):
-                for c in range(4):
-                    scores[j, c] = float32(0.0)
-            for s in range(steps):
-                for j in range(0, key_tiles, 2):
-                    b00, b01, b10, b11 = ldmatrix_x4(k_tiles, base + k_lane + MMA_N * j * stride + MMA_K * s)
-                    mma_into(scores, j, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b00, b01)
-                    mma_into(scores, j + 1, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b10, b11)
+            tile_scores(k_tiles, base + k_lane, query, scores)
             softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
-            for s in range(key_steps):
-                a0, r0 = split_pair(scores[2 * s, 0], scores[2 * s, 1])
-                a1, r1 = split_pair(scores[2 * s, 2], scores[2 * s, 3])
-                a2, r2 = split_pair(scores[2 * s + 1, 0], scores[2 * s + 1, 1])
-                a3, r3 = split_pair(scores[2 * s + 1, 2], scores[2 * s + 1, 3])
-                for n in range(0, dim_tiles, 2):
-                    b00, b01, b10, b11 = ldmatrix_x4_trans(v_tiles, base + v_lane + MMA_K * s * stride + MMA_N * n)
-                    mma_into(out, n, a0, a1, a2, a3, b00, b01)
-                    mma_into(out, n + 1, a0, a1, a2, a3, b10, b11)
-                    mma_into(out, n, r0, r1, r2, r3, b00, b01)
-                    mma_into(out, n + 1, r0, r1, r2, r3, b10, b11)
+            pv_bf16x2(v_tiles, base + v_lane, scores, out)
             cuda.syncthreads()  # every warp is done with this buffer before it is refilled
         cp_async_wait(0)
 
     # --8<-- [end:fold]
-
-    @cuda.jit(device=True, inline=True)
-    def finish(sums):
-        return quad_sum(sums[0]), quad_sum(sums[1])
-
-    return load_query, fold, finish
+    return fold
 
 
 @cuda.jit(device=True, inline=True)

@@ -41,6 +41,13 @@ llvmlite `ir.InlineAsm` call puts any PTX instruction in the kernel (numba-cuda'
     are the A fragment of the next: the C layout of n8 tiles 2j and 2j + 1 is the A layout
     of k-step j (FlashAttention-2 keeps its probabilities in registers this way).
 
+`mma_f16_16816(...)`, `f16x2(low, high)`, `bf16x2_to_f16x2(word)`: the same with float16
+    operands (`.f32.f16.f16.f32`, the fragment layout above; `cvt.rn.f16x2.f32`). float16 keeps
+    10 mantissa bits to bf16's 7 but only 5 exponent bits: normal from 2^-14, finite below
+    65520. `bf16x2_to_f16x2` converts a register of two bf16 (exactly, for magnitudes from 2^-14
+    to 65280, bf16's largest below 2^16; smaller ones round to float16's subnormals, 2^16 and
+    up become infinity).
+
 `quad_max(value)`, `quad_sum(value)`: over the four lanes 4g .. 4g + 3 that hold one row
     of an accumulator tile (two butterfly shuffles; under the simulator, the warp exchange).
 
@@ -75,7 +82,8 @@ the hardware would route to every lane, once for the warp, and each takes its pa
 no `syncwarp` and its `syncthreads` would tie the whole block; the barrier ties only the
 warp, as `.sync.aligned` does. The mma stand-in sums the 16 products of each element in
 float64 and rounds once to float32; the tensor core accumulates in float32 with an order and
-rounding PTX does not specify, so results agree to float32 rounding, not bit for bit.
+rounding PTX does not specify, so results agree to float32 rounding, not bit for bit. The
+conversions round as the hardware does, through `f32_to_bf16` and NumPy's float16.
 The copies (`cp_async_16`, and `_zfill`'s copy or zeros) happen at once and the commit and
 wait do nothing. Every lane of a warp must make the same calls (as on the GPU), and a block
 is a whole number of warps.
@@ -90,6 +98,7 @@ from numba import cuda
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.mma_ptx import ptx_instructions
 from tinyvllm.kernels.device.simulator import SIMULATOR
+from tinyvllm.kernels.device.vector_io import high_half, low_half
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -148,11 +157,20 @@ _G, _T = np.arange(WARP) // 4, np.arange(WARP) % 4
 """Each lane's g and t (mma.py's fragment layout)."""
 
 
-def _combined_mma(fragments):
-    """The warp's D fragments from its A, B and C fragments: [lane] -> (d0, d1, d2, d3)."""
+def _bf16_halves(words):
+    return (words << 16).view(np.float32).astype(np.float64), (words & 0xFFFF0000).view(np.float32).astype(np.float64)
+
+
+def _f16_halves(words):
+    halves = words.astype("<u4").view(np.float16).astype(np.float64)  # [lane, register, (low, high)]
+    return halves[..., 0::2], halves[..., 1::2]
+
+
+def _combined_mma(fragments, halves=_bf16_halves):
+    """The warp's D fragments from its A, B and C fragments: [lane] -> (d0, d1, d2, d3).
+    `halves` reads a register's two operands (low, high) as float64."""
     words = np.array([f[:6] for f in fragments], np.uint32)  # [lane, register]
-    low = (words << 16).view(np.float32).astype(np.float64)
-    high = (words & 0xFFFF0000).view(np.float32).astype(np.float64)
+    low, high = halves(words)
     g, t2 = _G, 2 * _T
     a = np.zeros((MMA_M, MMA_K))
     b = np.zeros((MMA_K, MMA_N))
@@ -161,13 +179,22 @@ def _combined_mma(fragments):
     for register, k in enumerate((t2, t2 + 8)):
         b[k, g], b[k + 1, g] = low[:, 4 + register], high[:, 4 + register]
     c = np.array([f[6:] for f in fragments], np.float64)  # [lane, accumulator]
-    product = a @ b
-    d = np.stack([product[g, t2], product[g, t2 + 1], product[g + 8, t2], product[g + 8, t2 + 1]], axis=1) + c
+    with np.errstate(invalid="ignore"):  # 0 x inf is NaN there, as on the tensor core
+        product = a @ b
+        d = np.stack([product[g, t2], product[g, t2 + 1], product[g + 8, t2], product[g + 8, t2 + 1]], axis=1) + c
     return [tuple(lane) for lane in d.astype(np.float32)]
+
+
+def _combined_mma_f16(fragments):
+    return _combined_mma(fragments, _f16_halves)
 
 
 def _simulated_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _warp_exchange((a0, a1, a2, a3, b0, b1, float(c0), float(c1), float(c2), float(c3)), _combined_mma)
+
+
+def _simulated_mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return _warp_exchange((a0, a1, a2, a3, b0, b1, float(c0), float(c1), float(c2), float(c3)), _combined_mma_f16)
 
 
 def _check_row_start(offset):
@@ -206,6 +233,12 @@ def _simulated_ldmatrix_x4_trans(shared, offset):
 
 def _simulated_bf16x2(low, high):
     return np.uint32(int(f32_to_bf16(low)) | (int(f32_to_bf16(high)) << 16))
+
+
+def _simulated_f16x2(low, high):
+    with np.errstate(over="ignore"):  # past float16's range is infinity, as cvt.rn makes it
+        halves = np.array([low, high], np.float32).astype(np.float16).view(np.uint16)
+    return np.uint32(int(halves[0]) | (int(halves[1]) << 16))
 
 
 def _simulated_quad(reduce):
@@ -259,7 +292,15 @@ if SIMULATOR:
     bf16x2, quad_max, quad_sum = _simulated_bf16x2, _simulated_quad(np.max), _simulated_quad(np.sum)
     cp_async_16, cp_async_16_zfill = _simulated_cp_async_16, _simulated_cp_async_16_zfill
     cp_async_commit, cp_async_wait = _simulated_nothing, _simulated_nothing
+    mma_f16_16816, f16x2 = _simulated_mma_f16, _simulated_f16x2
 else:
-    mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, *_copies = ptx_instructions()
+    mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, *_copies, mma_f16_16816, f16x2 = ptx_instructions()
     cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait = _copies
     quad_max, quad_sum = _shuffle_quad_max, _shuffle_quad_sum
+
+
+@cuda.jit(device=True, inline=True)
+def bf16x2_to_f16x2(word):
+    """A register of two bf16 -> the same two values as float16 (each widened exactly to float32
+    first, so the one rounding is cvt's)."""
+    return f16x2(low_half(word), high_half(word))

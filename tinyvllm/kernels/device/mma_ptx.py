@@ -10,11 +10,13 @@ simulator `mma.py` hands out Python stand-ins instead.
 """
 
 MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+MMA_F16_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 
 
 def ptx_instructions():
     """(mma_bf16_16816, ldmatrix_x4, ldmatrix_x4_trans, bf16x2, cp_async_16, cp_async_16_zfill,
-    cp_async_commit, cp_async_wait) as Numba intrinsics (their contracts: `mma.py`)."""
+    cp_async_commit, cp_async_wait, mma_f16_16816, f16x2) as Numba intrinsics (their contracts:
+    `mma.py`)."""
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
@@ -42,24 +44,29 @@ def ptx_instructions():
         return builder.call(asm, arguments, attrs=("convergent",))
 
     # --8<-- [start:mma]
-    @intrinsic
-    def mma_bf16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        accumulators = (c0, c1, c2, c3)
-        if not all(isinstance(r, types.Integer) for r in (a0, a1, a2, a3, b0, b1)):
-            return None
-        if not all(isinstance(c, types.Float) for c in accumulators):
-            return None
+    def mma_16816(ptx):
+        """The m16n8k16 mma with float32 accumulators whose operands `ptx` names (bf16 or f16)."""
 
-        def codegen(context, builder, sig, args):
-            words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6], strict=True)]
-            sums = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:], strict=True)]
-            text = f"{MMA_PTX} {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-            constraints = "=f,=f,=f,=f," + "r," * 6 + "f,f,f,f"
-            operand_types = [i32] * 6 + [f32] * 4
-            d = asm_call(builder, ir.LiteralStructType([f32] * 4), operand_types, text, constraints, words + sums)
-            return context.make_tuple(builder, results_type, [builder.extract_value(d, k) for k in range(4)])
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            accumulators = (c0, c1, c2, c3)
+            if not all(isinstance(r, types.Integer) for r in (a0, a1, a2, a3, b0, b1)):
+                return None
+            if not all(isinstance(c, types.Float) for c in accumulators):
+                return None
 
-        return results_type(a0, a1, a2, a3, b0, b1, *accumulators), codegen
+            def codegen(context, builder, sig, args):
+                words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6], strict=True)]
+                sums = [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:], strict=True)]
+                text = f"{ptx} {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+                constraints = "=f,=f,=f,=f," + "r," * 6 + "f,f,f,f"
+                operand_types = [i32] * 6 + [f32] * 4
+                d = asm_call(builder, ir.LiteralStructType([f32] * 4), operand_types, text, constraints, words + sums)
+                return context.make_tuple(builder, results_type, [builder.extract_value(d, k) for k in range(4)])
+
+            return results_type(a0, a1, a2, a3, b0, b1, *accumulators), codegen
+
+        return mma
 
     # --8<-- [end:mma]
 
@@ -82,18 +89,23 @@ def ptx_instructions():
 
         return load
 
-    @intrinsic
-    def bf16x2(typingctx, low, high):
-        if not all(isinstance(v, types.Float) for v in (low, high)):
-            return None
+    def pack_x2(half_type):
+        """Two float32 rounded to nearest even into one register of two `half_type` (bf16 or f16)."""
 
-        def codegen(context, builder, sig, args):
-            values = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
-            # cvt's first source goes to the upper half
-            text = "cvt.rn.bf16x2.f32 $0, $1, $2;"
-            return asm_call(builder, i32, [f32, f32], text, "=r,f,f", [values[1], values[0]])
+        @intrinsic
+        def pack(typingctx, low, high):
+            if not all(isinstance(v, types.Float) for v in (low, high)):
+                return None
 
-        return types.uint32(low, high), codegen
+            def codegen(context, builder, sig, args):
+                values = [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args, strict=True)]
+                # cvt's first source goes to the upper half
+                text = f"cvt.rn.{half_type}x2.f32 $0, $1, $2;"
+                return asm_call(builder, i32, [f32, f32], text, "=r,f,f", [values[1], values[0]])
+
+            return types.uint32(low, high), codegen
+
+        return pack
 
     def copy_addresses(context, builder, sig, args):
         target = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
@@ -148,5 +160,6 @@ def ptx_instructions():
 
         return types.void(pending), codegen
 
-    instructions = (mma_bf16_16816, ldmatrix("m8n8.x4"), ldmatrix("m8n8.x4.trans"), bf16x2)
-    return *instructions, cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait
+    instructions = (mma_16816(MMA_PTX), ldmatrix("m8n8.x4"), ldmatrix("m8n8.x4.trans"), pack_x2("bf16"))
+    copies = (cp_async_16, cp_async_16_zfill, cp_async_commit, cp_async_wait)
+    return *instructions, *copies, mma_16816(MMA_F16_PTX), pack_x2("f16")

@@ -15,7 +15,7 @@ Numba's switch, and this table is the whole list of what it changes:
 | `load_words`, `store_words`: one 16-byte access (LLVM intrinsics) | eight scalar accesses | no LLVM runs there | `device/vector_io.py` |
 | `prefetch_l2`: `prefetch.global.L2` | nothing | no inline PTX | `device/vector_io.py` |
 | PDL's `griddepcontrol` instructions and launch attribute | nothing; `pdl.supported()` is false | no inline PTX, no launch attributes | `device/pdl.py` |
-| `mma.sync` m16n8k16 bf16, `ldmatrix` x4 (and `.trans`), `cvt.rn.bf16x2` (inline PTX), quad shuffles | Python: the warp's fragments meet in a per-warp slot list and `threading.Barrier`, the same layout | no inline PTX, no shuffles or `syncwarp` | `device/mma.py` |
+| `mma.sync` m16n8k16 bf16 and f16, `ldmatrix` x4 (and `.trans`), `cvt.rn.bf16x2` and `cvt.rn.f16x2` (inline PTX), quad shuffles | Python: the warp's fragments meet in a per-warp slot list and `threading.Barrier`, the same layout | no inline PTX, no shuffles or `syncwarp` | `device/mma.py` |
 | `cp.async` 16 bytes (or zero-filled), `commit_group`, `wait_group` | a copy (or zeros) at once; nothing | no inline PTX | `device/mma.py` |
 | the GPU's SM count | the H200's 132 | the simulator reports none | `device/multiprocessors.py` |
 | 16-byte aligned shared arrays | no alignment | the simulator refuses the argument | `device/simulator.py` (`SHARED_ALIGNMENT`) |
