@@ -68,3 +68,27 @@ def test_num_cached_tokens_counts_the_reused_full_blocks(tiny_model):
     assert first.outputs[0].token_ids == second.outputs[0].token_ids
     stats = llm.engine.scheduler
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (13 + 13 + 16, 24)
+
+
+def test_requests_added_together_compute_their_shared_prefix_once(tiny_model):
+    """Six requests sharing a 20-token prefix that nothing has cached, added before the first
+    step: the first computes the prefix and the other five attach its blocks in that same
+    step (every layer writes the step's K/V before its attention reads), with the tokens the
+    engine makes with the cache off."""
+    prefix = list(range(30, 50))  # 5 full blocks of 4
+    prompts = [prefix + [i, i + 1] for i in range(6)]
+    limits = dict(backend="numpy", block_size=4, max_num_seqs=8)
+    off = LLM(tiny_model, enable_prefix_caching=False, **limits)
+    on = LLM(tiny_model, **limits)
+    expected = [output.outputs[0].token_ids for output in off.generate(prompts, _greedy(6))]
+    engine = on.engine
+    for prompt in prompts:
+        engine.add_request(prompt, _greedy(6))
+    engine.step()  # schedules and launches the first step
+    assert [seq.num_computed_tokens for seq in engine.scheduler.running] == [len(prompts[0])] * 6
+    assert [seq.num_cached_tokens for seq in engine.scheduler.running] == [0] + [len(prefix)] * 5
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({output.request_id: output for output in engine.step() if output.finished})
+    assert [finished[str(i)].outputs[0].token_ids for i in range(6)] == expected
+    assert_no_leak(on)

@@ -261,7 +261,7 @@ def test_allocating_more_than_is_free_evicts_nothing():
 def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
     """Ten requests sharing an 8-token prefix, 3 blocks each, on 24 blocks: the batch is the
     queue's front whose full counts fit (8), never short of blocks. The members share the
-    prefix's blocks: cached already, or computed by the first while the others wait a step."""
+    prefix's blocks: cached already, or computed by the first in the step that all join."""
     block_size, num_blocks, prefix = 4, 24, [1, 2, 3, 4, 5, 1, 2, 3]
     options = dict(mode="static", block_size=block_size, max_num_batched_tokens=128)
     scheduler, model = make_scheduler(prefix_caching=True, num_blocks=num_blocks, **options)
@@ -274,11 +274,10 @@ def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
     counts = [blocks_needed(seq.num_tokens, block_size) for seq in seqs]
     members = max(k for k in range(len(seqs) + 1) if sum(counts[:k]) <= num_blocks)
     batch = step(scheduler, model)
-    if not prefix_cached:  # the others wait a step for the prefix r0 computes, then find it cached
-        assert [seq.request_id for seq in batch.seqs] == ["r0"]
-        batch = step(scheduler, model)
-    assert {seq.request_id for seq in batch.seqs} == {seq.request_id for seq in seqs[:members]} and members == 8
+    assert [seq.request_id for seq in batch.seqs] == [seq.request_id for seq in seqs[:members]] and members == 8
     shared = len(prefix) // block_size
+    expected_cached = [len(prefix) if prefix_cached else 0] + [len(prefix)] * (members - 1)
+    assert [seq.num_cached_tokens for seq in seqs[:members]] == expected_cached
     unfinished = [count for seq, count in zip(seqs[:members], counts) if not seq.is_finished]  # r0 may be done
     assert len(unfinished) >= members - 1
     assert scheduler.allocator.num_used == shared + sum(count - shared for count in unfinished)
@@ -289,32 +288,31 @@ def test_a_static_batch_counts_each_members_blocks_in_full(prefix_cached):
 
 
 @pytest.mark.parametrize("budget", [64, 6])
-def test_a_prefix_another_sequence_is_computing_is_waited_for_not_computed_twice(budget):
-    """B shares A's 8-token prefix (two blocks of 4), which nothing has cached yet. B waits
-    while A computes it (with a budget of 6, over two steps, the second block) and then
-    attaches both blocks; C, unrelated and queued behind B, waits too (queue order); a
-    request with nothing in flight to wait for joins A's first step."""
+def test_a_prefix_is_computed_once_and_shared_in_the_step_that_computes_it(budget):
+    """B shares A's 8-token prefix (two blocks of 4), which nothing has cached yet. With a
+    budget of 64, B and C (unrelated, queued behind B) join A's first step, B attaching the
+    prefix blocks A computes in it. With a budget of 6, A computes the prefix over two steps
+    and B waits (no budget is left while A's prompt is cut), then attaches both blocks in the
+    step that completes them. Nobody computes a prefix block twice."""
     block_size, prefix = 4, [1, 2, 3, 4, 5, 1, 2, 3]
     options = dict(block_size=block_size, max_num_batched_tokens=budget, num_blocks=32)
     scheduler, model = make_scheduler(prefix_caching=True, **options)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     a, b, c = (Sequence(name, prompt, params) for name, prompt in
                (("a", prefix + [6, 7]), ("b", prefix + [8, 9]), ("c", [3, 3, 3, 3, 3])))  # fmt: skip
-    unrelated = Sequence("u", [4, 4, 4, 4, 4, 4], params)
-    if budget == 64:  # `u` ahead of b: admitted with a in one step
-        scheduler.add(unrelated)
     for seq in (a, b, c):
         scheduler.add(seq)
     first = step(scheduler, model)
-    assert b not in first.seqs and c not in first.seqs
     if budget == 64:
-        assert set(first.seqs) == {unrelated, a}
-    while a.num_computed_tokens < len(prefix):
-        assert b not in step(scheduler, model).seqs
-    step(scheduler, model)
+        assert first.seqs == [a, b, c] and first.num_scheduled_tokens.tolist() == [10, 2, 5]
+    else:
+        assert first.seqs == [a] and first.num_scheduled_tokens.tolist() == [6]
+        second = step(scheduler, model)
+        assert second.seqs == [a, b] and second.num_scheduled_tokens.tolist() == [4, 2]
     assert b.num_cached_tokens == len(prefix) and b.block_table[:2] == a.block_table[:2]
+    assert scheduler.prefix_cache_hits == len(prefix)
     drain(scheduler, model)
-    for seq in (a, b, c, unrelated) if budget == 64 else (a, b, c):
+    for seq in (a, b, c):
         assert_matches_reference(seq)
     assert scheduler.allocator.num_used == 0
 

@@ -15,7 +15,6 @@ runs out. `acquire` gives a cached block one more owner (taking it off that list
 """
 
 from collections import OrderedDict
-from collections.abc import Set
 from typing import NamedTuple
 
 import numpy as np
@@ -185,17 +184,11 @@ def lookup_keys(seq: Sequence, block_size: int) -> list[int]:
 
 
 # --8<-- [start:attach-register]
-def attach_prefix(
-    cache: PrefixCachingAllocator, seq: Sequence, block_size: int, computing: Set[int] = frozenset()
-) -> int | None:
+def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> int:
     """Give a waiting seq its longest cached prefix (one more owner per block), counted
-    computed; returns its length in tokens. None, attaching nothing, when the block after
-    that prefix is one that another sequence completes in this step (its key is in
-    `computing`): seq had better wait a step and find it cached than compute it a second time."""
+    computed; returns its length in tokens."""
     keys = lookup_keys(seq, block_size)
     blocks = cache.lookup(seq.token_ids, keys, block_size)
-    if len(blocks) < len(keys) and keys[len(blocks)] in computing:
-        return None
     cache.acquire(blocks)
     seq.block_table = blocks
     seq.num_registered_blocks = len(blocks)
@@ -203,11 +196,15 @@ def attach_prefix(
     return seq.num_computed_tokens
 
 
-def register_computed_blocks(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> None:
+def register_computed_blocks(
+    cache: PrefixCachingAllocator, seq: Sequence, block_size: int, num_computed: int | None = None
+) -> None:
     """Register seq's blocks that are full of computed, known tokens, all at once (a block
-    holding the placeholder of a token still on the device waits until the token is known)."""
+    holding the placeholder of a token still on the device waits until the token is known).
+    num_computed: the tokens counted computed, seq.num_computed_tokens unless given (the
+    scheduler registers a step's blocks as it schedules them)."""
     start = seq.num_registered_blocks
-    end = _full_known_blocks(seq, seq.num_computed_tokens, block_size)
+    end = _full_known_blocks(seq, seq.num_computed_tokens if num_computed is None else num_computed, block_size)
     if end <= start:
         return
     keys = full_block_keys(seq, end, block_size)[start:end]
@@ -224,14 +221,3 @@ def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
     """How many of seq's blocks are full within its first num_tokens tokens and hold no
     placeholder (those are at the end of token_ids, so the first such block ends the run)."""
     return min(num_tokens, seq.num_known_tokens) // block_size
-
-
-# --8<-- [start:in-flight]
-def computing_keys(seq: Sequence, num_new: int, block_size: int) -> list[int]:
-    """The keys of the full blocks that seq's next num_new tokens complete: the blocks
-    `register_computed_blocks` will register once the step computing them is launched."""
-    end = _full_known_blocks(seq, seq.num_computed_tokens + num_new, block_size)
-    return full_block_keys(seq, end, block_size)[seq.num_registered_blocks : end]
-
-
-# --8<-- [end:in-flight]

@@ -1,10 +1,11 @@
 """Parallel sampling (`SamplingParams.n`): the n sequences of a request compute its prompt once.
 
 A request with n > 1 completions is a group of n sequences (`sequence.new_sequences`) whose
-prompt is computed once: a sequence of the group that has never run waits (without letting
-later requests pass) while a sibling is computing the prompt, and once one has computed the
-prompt's full blocks it starts from them, found in the prefix cache, or, with the cache off,
-forked from that sibling (owners up, `allocator.share`). A shared block is never written:
+prompt is computed once. With the prefix cache on, the siblings admitted after the first find
+its prompt blocks cached in the very step that computes them (`scheduler.py`). With it off, a
+sequence of the group that has never run waits (without letting later requests pass) while a
+sibling is computing the prompt, and once one has computed the prompt's full blocks it starts
+from them, forked from that sibling (owners up, `allocator.share`). A shared block is never written:
 only the prompt's full blocks before its last token are shared, and each sequence computes
 the rest of the prompt itself, the last partial block's tokens (between 1 and block_size
 tokens), which is simpler than copying that block and costs about as little. A sibling gone

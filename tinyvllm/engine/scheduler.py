@@ -15,7 +15,9 @@ a new token only in the step whose chunk reaches the end of its token_ids.
 With a PrefixCachingAllocator (`enable_prefix_caching`), a sequence joining the running
 set first attaches the longest cached prefix of its tokens but the last (owners up, counted
 computed), so its prefill computes only the rest, the way a chunked prefill continues; the
-blocks its steps fill are registered in the cache as they complete. The n sequences of a
+blocks a step fills are registered in the cache as the step is scheduled, so that requests
+sharing a prefix that none has computed yet attach it in the very step that computes it.
+The n sequences of a
 request with n > 1 completions compute its prompt once (`prompt_sharing.py`).
 
 Blocks are allocated as tokens are scheduled: between steps a sequence's block table holds
@@ -48,7 +50,7 @@ import numpy as np
 
 from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
-from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, computing_keys, register_computed_blocks
+from tinyvllm.engine.prefix_cache import PrefixCachingAllocator, attach_prefix, register_computed_blocks
 from tinyvllm.engine.prompt_sharing import WAIT, fork_prompt, prompt_source, shared_prompt_blocks
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
@@ -166,7 +168,6 @@ class Scheduler:
         decodes: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int]] = []
         preempted = False
-        computing: set[int] = set()  # keys of the blocks this step's prefills complete (prefix cache on)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
@@ -182,11 +183,11 @@ class Scheduler:
                     break
             if seq.status is SequenceStatus.WAITING:  # it had to preempt itself
                 break
-            self._place(seq, num_new, decodes, prefills, computing)
+            self._place(seq, num_new, decodes, prefills)
             budget -= num_new
             index += 1
         if not preempted:
-            self._admit(budget, decodes, prefills, computing)
+            self._admit(budget, decodes, prefills)
         scheduled = decodes + prefills
         if not scheduled:
             return None
@@ -206,12 +207,8 @@ class Scheduler:
         step's sampled tokens for the j-th sampling sequence) until `postprocess`."""
         counts, sampling = batch.num_scheduled_tokens.tolist(), batch.samples.tolist()
         batch.pending_indices = []
-        block_size = self.config.block_size
         for seq, num_new, samples in zip(batch.seqs, counts, sampling):
             seq.num_computed_tokens += num_new
-            # the guard spares a call per sequence and step (30 us a step at batch 256)
-            if self._cache is not None and seq.num_computed_tokens // block_size > seq.num_registered_blocks:
-                register_computed_blocks(self._cache, seq, block_size)
             if samples:
                 seq.pending_sample_row = len(batch.pending_indices)
                 batch.pending_indices.append(seq.num_tokens)
@@ -275,10 +272,12 @@ class Scheduler:
     # --8<-- [end:preempt]
 
     # --8<-- [start:admit]
-    def _admit(self, budget: int, decodes: list, prefills: list, computing: set[int]) -> None:
-        """Move waiting sequences (from the front, in order) to running as limits allow. One
-        whose prefix another computes in this step waits (`attach_prefix`): 256 requests
-        sharing a 2,048-token prefix would otherwise compute it twice in the first step."""
+    def _admit(self, budget: int, decodes: list, prefills: list) -> None:
+        """Move waiting sequences (from the front, in order) to running as limits allow. With
+        the prefix cache, one finds cached the blocks this step computes for the sequences
+        placed before it (`_place`), so a prefix that many waiting requests share is computed
+        once, in the step that admits them. (A prefill whose prompt the budget cuts leaves no
+        budget to admit anyone, so no request ever computes a block another is still computing.)"""
         static = self.config.mode == "static"
         if static and not self._static_batch:
             self._choose_static_batch()
@@ -286,17 +285,13 @@ class Scheduler:
             seq = self.waiting[0]
             if static and seq not in self._static_batch:
                 break
-            source = prompt_source(seq, self.config.block_size)
-            if source is WAIT:
-                break
             if self._cache is not None and seq.prompt_logprobs is None:  # cached positions have no logits
-                num_cached = attach_prefix(self._cache, seq, self.config.block_size, computing)
-                if num_cached is None:
-                    break
-            elif source is not None:
-                num_cached = fork_prompt(self.allocator, seq, source, self.config.block_size)
+                num_cached = attach_prefix(self._cache, seq, self.config.block_size)
             else:
-                num_cached = 0
+                source = prompt_source(seq, self.config.block_size)
+                if source is WAIT:
+                    break
+                num_cached = 0 if source is None else fork_prompt(self.allocator, seq, source, self.config.block_size)
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self._grow(seq, num_cached + num_new):
                 self._drop_blocks(seq)
@@ -309,7 +304,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self._place(seq, num_new, decodes, prefills, computing)
+            self._place(seq, num_new, decodes, prefills)
             budget -= num_new
 
     def _choose_static_batch(self) -> None:
@@ -317,7 +312,8 @@ class Scheduler:
         prefix cache conservative, never short. Nothing is owned here (the last batch ended), and
         a cached block costs one free block as a new one does (unowned cached blocks count free).
         A member finds the blocks of a prefix shared with one admitted before it in the cache
-        (or waits a step for them), so counting the prefix for each is conservative."""
+        (at the latest in the step that computes them), so counting the prefix for each is
+        conservative."""
         free = self.allocator.num_free
         for seq in self.waiting:
             need = blocks_needed(seq.num_tokens, self.config.block_size)
@@ -330,10 +326,17 @@ class Scheduler:
 
     # --8<-- [end:admit]
 
-    def _place(self, seq: Sequence, num_new: int, decodes: list, prefills: list, computing: set[int]) -> None:
-        if num_new == 1 and seq.num_computed_tokens + 1 == seq.num_tokens:
-            decodes.append((seq, num_new))
-            return
-        prefills.append((seq, num_new))
-        if self._cache is not None and self.waiting:  # only a waiting sequence reads them
-            computing.update(computing_keys(seq, num_new, self.config.block_size))
+    # --8<-- [start:place]
+    def _place(self, seq: Sequence, num_new: int, decodes: list, prefills: list) -> None:
+        """Schedule num_new of seq's tokens. With the prefix cache, the blocks they fill are
+        registered now, not when the step has run: a request admitted later in this step
+        attaches them, since every layer writes the whole step's K/V before any of its
+        attention reads the cache."""
+        block_size = self.config.block_size
+        computed = seq.num_computed_tokens + num_new
+        # the guard spares a call per sequence and step (30 us a step at batch 256)
+        if self._cache is not None and computed // block_size > seq.num_registered_blocks:
+            register_computed_blocks(self._cache, seq, block_size, computed)
+        (decodes if num_new == 1 and computed == seq.num_tokens else prefills).append((seq, num_new))
+
+    # --8<-- [end:place]
