@@ -149,20 +149,27 @@ def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
 
 
 def run_conversations(engine: LLMEngine, chats: Conversations) -> dict:
-    """Every conversation's first turn at once; each next turn when the one before finishes."""
+    """Every conversation's first turn at once; each next turn when the one before finishes.
+    Also counts the engine steps and the host time spent submitting turns (`add_request`),
+    during which the GPU waits when a turn's last step has run."""
     histories = [[] for _ in chats.new_tokens]
     turn_of: dict[str, tuple[int, int]] = {}
+    submit_seconds = 0.0
 
     def submit(conversation: int, turn: int) -> None:
+        nonlocal submit_seconds
+        began = time.perf_counter()
         histories[conversation] = chats.prompt(histories[conversation], conversation, turn)
         request_id = engine.add_request(histories[conversation], greedy(chats.output_len), final_only=True)
         turn_of[request_id] = (conversation, turn)
+        submit_seconds += time.perf_counter() - began
 
     start = time.perf_counter()
     for conversation in range(len(chats.new_tokens)):
         submit(conversation, 0)
-    produced = 0
+    produced, steps = 0, 0
     while engine.has_unfinished_requests():
+        steps += 1
         for output in engine.step():
             if not output.finished:
                 continue
@@ -174,7 +181,8 @@ def run_conversations(engine: LLMEngine, chats: Conversations) -> dict:
                 submit(conversation, turn + 1)
     seconds = time.perf_counter() - start
     check_produced(produced, chats.output_tokens)
-    return {"conversations": len(histories), "output_tokens": produced, "seconds": seconds}
+    return {"conversations": len(histories), "output_tokens": produced, "seconds": seconds, "steps": steps,
+            "submit_seconds": submit_seconds}  # fmt: skip
 
 
 def nano_vllm_runs(llm: LLM, vocab: int, requests: int) -> dict:
