@@ -1,6 +1,7 @@
 """Where a prefill step's time goes: GPU time per operator, the host's launch, whole prompts.
 
     python -m perf.profile_prefill [--model llama-1b] [--prompts 64] [--prompt-len 1024]
+                                   [--linear-backend auto] [--out FILE]
 
 Prefill is not a replayed graph: the host launches each of its kernels (about 90 for Llama
 3.2 1B, a cuBLAS call for each product besides), and the engine runs a step ahead so that
@@ -14,7 +15,8 @@ fresh engine (default token budget), first warmed up with prompts of the same sh
 - all --prompts prompts at once, one output token each, as `perf/bench_throughput.py`'s
   prefill figure counts them: total time, prompt tok/s and each engine step's wall time.
 
-Results: perf/results/profile_prefill.json.
+`--linear-backend tiled` runs the products on the library's tiled tensor-core GEMM instead
+of cuBLAS. Results: perf/results/profile_prefill.json (or --out).
 """
 
 import argparse
@@ -28,6 +30,7 @@ from numba import cuda
 from perf.models import model_dir
 from perf.profile_step import host_functions, operator_times, print_host_functions, print_operators
 from perf.timing import result_header
+from tinyvllm.config import LINEAR_BACKENDS
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
@@ -90,9 +93,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--num-blocks", type=int, help="KV blocks; default: sized from free memory")
+    parser.add_argument("--linear-backend", default="auto", choices=LINEAR_BACKENDS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    engine = LLMEngine(model_dir(args.model), num_blocks=args.num_blocks)
+    engine = LLMEngine(model_dir(args.model), num_blocks=args.num_blocks, linear_backend=args.linear_backend)
     run = profile_prefill(engine, args.prompts, args.prompt_len, np.random.default_rng(0))
     print(
         f"prefill step of {run['step_tokens']} tokens ({args.prompt_len} each): eager kernels "
@@ -105,9 +110,10 @@ def main() -> None:
     steps = ", ".join(f"{ms:.1f}" for ms in every["steps_ms"])
     print(f"all {args.prompts} prompts: {every['seconds'] * 1e3:.1f} ms, {every['prompt_tok_per_s']:.0f} tok/s; "
           f"steps (ms): {steps}")  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result_header() | {"model": args.model, **run}, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    header = result_header() | {"model": args.model, "linear_backend": args.linear_backend}
+    args.out.write_text(json.dumps(header | run, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
