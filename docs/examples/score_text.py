@@ -1,34 +1,16 @@
 """Scoring a text through `tinyvllm serve`, as evaluation harnesses do: `echo` with `max_tokens` 0.
-The file starts the server itself (the embedded SmolLM2), on a free port, and stops it at the end.
+The file starts the server itself (the embedded SmolLM2) on a free port, and stops it at the end
+(`serve_in_background.py`).
 
 Run it from the repository root: python docs/examples/score_text.py
 """
 
 import math
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
+from serve_in_background import running_server
 
-with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-command = [sys.executable, "-c", "from tinyvllm.cli import main; main()", "serve", "--port", str(port)]
-server = subprocess.Popen(command, stdout=sys.stderr)
-url = f"http://127.0.0.1:{port}"
-try:
-    deadline = time.monotonic() + 50
-    while server.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass  # not listening yet
-        time.sleep(0.2)
-    assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-
+with running_server() as url:
     # --8<-- [start:score]
     text = "The capital of France is Paris."
     body = {"prompt": text, "echo": True, "max_tokens": 0, "logprobs": 1, "temperature": 0}
@@ -45,6 +27,3 @@ try:
     counted = httpx.post(f"{url}/tokenize", json={"prompt": text}).json()
     assert counted["tokens"] and len(scores["tokens"]) == counted["count"]  # the same tokens /tokenize gives
     assert all(logprob <= 0 for logprob in logprobs)
-finally:
-    server.terminate()  # it answers SIGTERM by shutting down and exiting with status 0
-    assert server.wait(timeout=15) == 0
