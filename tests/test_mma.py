@@ -49,25 +49,30 @@ def pair(low, high):
 
 
 # --8<-- [start:mma-kernel]
-@cuda.jit
-def mma_kernel(a, b, c, d):
-    lane = cuda.threadIdx.x
-    g, t = lane // 4, lane % 4
-    a0 = pair(a[g, 2 * t], a[g, 2 * t + 1])
-    a1 = pair(a[g + 8, 2 * t], a[g + 8, 2 * t + 1])
-    a2 = pair(a[g, 2 * t + 8], a[g, 2 * t + 9])
-    a3 = pair(a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9])
-    b0 = pair(b[2 * t, g], b[2 * t + 1, g])
-    b1 = pair(b[2 * t + 8, g], b[2 * t + 9, g])
-    d0, d1, d2, d3 = mma_bf16_16816(
-        a0, a1, a2, a3, b0, b1, c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]
-    )
-    d[g, 2 * t] = d0
-    d[g, 2 * t + 1] = d1
-    d[g + 8, 2 * t] = d2
-    d[g + 8, 2 * t + 1] = d3
+def fragment_mma_kernel(mma):
+    """A kernel of one warp: D = A[16, 16] @ B[16, 8] + C by `mma` (mma_bf16_16816 or
+    mma_f16_16816), each lane gathering its fragments from global memory by the layout."""
+
+    @cuda.jit
+    def kernel(a, b, c, d):
+        lane = cuda.threadIdx.x
+        g, t = lane // 4, lane % 4
+        a0 = pair(a[g, 2 * t], a[g, 2 * t + 1])
+        a1 = pair(a[g + 8, 2 * t], a[g + 8, 2 * t + 1])
+        a2 = pair(a[g, 2 * t + 8], a[g, 2 * t + 9])
+        a3 = pair(a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9])
+        b0 = pair(b[2 * t, g], b[2 * t + 1, g])
+        b1 = pair(b[2 * t + 8, g], b[2 * t + 9, g])
+        d0, d1, d2, d3 = mma(a0, a1, a2, a3, b0, b1, c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+        d[g, 2 * t] = d0
+        d[g, 2 * t + 1] = d1
+        d[g + 8, 2 * t] = d2
+        d[g + 8, 2 * t + 1] = d3
+
+    return kernel
 
 
+mma_kernel = fragment_mma_kernel(mma_bf16_16816)
 # --8<-- [end:mma-kernel]
 
 

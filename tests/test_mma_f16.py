@@ -13,7 +13,7 @@ import pytest
 from numba import cuda
 
 from tests.helpers import poisoned, random_bf16, widen
-from tests.test_mma import assert_close, pair
+from tests.test_mma import assert_close, fragment_mma_kernel, pair
 from tinyvllm.kernels.device.mma import (
     bf16x2_to_f16x2,
     cp_async_16,
@@ -46,24 +46,8 @@ def to_f16(values: np.ndarray) -> np.ndarray:
         return np.asarray(values).astype(np.float16).astype(np.float64)
 
 
-@cuda.jit
-def mma_f16_kernel(a, b, c, d):
-    """One mma of float16 bits A[16, 16], B[16, 8] gathered by the fragment layout (as test_mma's mma_kernel)."""
-    lane = cuda.threadIdx.x
-    g, t = lane // 4, lane % 4
-    a0 = pair(a[g, 2 * t], a[g, 2 * t + 1])
-    a1 = pair(a[g + 8, 2 * t], a[g + 8, 2 * t + 1])
-    a2 = pair(a[g, 2 * t + 8], a[g, 2 * t + 9])
-    a3 = pair(a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9])
-    b0 = pair(b[2 * t, g], b[2 * t + 1, g])
-    b1 = pair(b[2 * t + 8, g], b[2 * t + 9, g])
-    d0, d1, d2, d3 = mma_f16_16816(
-        a0, a1, a2, a3, b0, b1, c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]
-    )
-    d[g, 2 * t] = d0
-    d[g, 2 * t + 1] = d1
-    d[g + 8, 2 * t] = d2
-    d[g + 8, 2 * t + 1] = d3
+mma_f16_kernel = fragment_mma_kernel(mma_f16_16816)
+"""One mma of float16 bits, the fragments gathered as in test_mma's mma_kernel."""
 
 
 @pytest.mark.parametrize("seed", [0, 1])
