@@ -91,26 +91,30 @@ def streamed_weights(k: int, n: int) -> list:
     return [random_bf16(n, k) for _ in range(max(2, -(-STREAMED_BYTES // (n * k * 2))))]
 
 
-def streamed_tbps(launch, weights: list, repeats: int) -> float:
-    """Weight-streaming TB/s at M = 1 as a decode step sees it: one CUDA graph of launches
-    over distinct copies of the weight, so no launch finds its weight in the L2 and no
-    Python launch gap sits between them. The Numba kernels launch with PDL, as in the
+def streamed_ms(launch, x, weights: list, out, repeats: int) -> float:
+    """Milliseconds of one launch(x, weight, out) as a decode step sees it: one CUDA graph of
+    launches over distinct copies of the weight, so no launch finds its weight in the L2 and
+    no Python launch gap sits between them. The Numba kernels launch with PDL, as in the
     engine's graphs (`kernels/device/pdl.py`); cuBLAS cannot."""
     import cupy
 
-    n, k = weights[0].shape
-    x, out = random_bf16(1, k), cuda.device_array((1, n), dtype=np.uint16)
     cupy_stream = cupy.cuda.Stream(non_blocking=True)
     stream = cuda.external_stream(cupy_stream.ptr)
-    launch(x, weights[0], out, stream=stream)
+    launch(x, weights[0], out, stream=stream)  # cuBLAS takes the stream here, not during the capture
     stream.synchronize()
     cupy_stream.begin_capture()
     with programmatic_launches():
         for weight in weights:
             launch(x, weight, out, stream=stream)
     graph = cupy_stream.end_capture()
-    milliseconds = median_ms(lambda: graph.launch(stream=cupy_stream), repeats=repeats, stream=stream)
-    return len(weights) * (n * k + k) * 2 / milliseconds / 1e9
+    return median_ms(lambda: graph.launch(stream=cupy_stream), repeats=repeats, stream=stream) / len(weights)
+
+
+def streamed_tbps(launch, weights: list, repeats: int) -> float:
+    """Weight-streaming TB/s at M = 1 (`streamed_ms`)."""
+    n, k = weights[0].shape
+    x, out = random_bf16(1, k), cuda.device_array((1, n), dtype=np.uint16)
+    return (n * k + k) * 2 / streamed_ms(launch, x, weights, out, repeats) / 1e9
 
 
 def gemv_shaped(threads: int, rows: int, depth: int, blocks_per_sm: int | None):

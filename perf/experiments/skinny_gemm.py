@@ -263,26 +263,6 @@ def check() -> bool:
     return passed
 
 
-def streamed_us(launch, x, weights: list, out, repeats: int) -> float:
-    """Microseconds a call as a decode step sees it: a CUDA graph of calls over distinct copies
-    of W (none in L2), the Numba kernels with PDL (perf/bench_gemm.py's `streamed_tbps`)."""
-    import cupy
-
-    from perf.timing import median_ms
-    from tinyvllm.kernels.device.pdl import programmatic_launches
-
-    cupy_stream = cupy.cuda.Stream(non_blocking=True)
-    stream = cuda.external_stream(cupy_stream.ptr)
-    launch(x, weights[0], out, stream=stream)  # cuBLAS takes the stream here, not during the capture
-    stream.synchronize()
-    cupy_stream.begin_capture()
-    with programmatic_launches():
-        for weight in weights:
-            launch(x, weight, out, stream=stream)
-    graph = cupy_stream.end_capture()
-    return median_ms(lambda: graph.launch(stream=cupy_stream), repeats=repeats, stream=stream) * 1e3 / len(weights)
-
-
 def variants(n: int, k: int, m: int) -> list[tuple]:
     """(config name, split, launch): cuBLAS, then every config and split timed at this M."""
     from tinyvllm.kernels.cublas import cublas_gemm
@@ -298,7 +278,7 @@ def variants(n: int, k: int, m: int) -> list[tuple]:
 def measure(repeats: int) -> list[dict]:
     """A row per (layer, M, cuBLAS or config and split); errors on the first copy of W against
     cuBLAS's output and, at M = NUMPY_ROWS, float32 NumPy's."""
-    from perf.bench_gemm import streamed_weights
+    from perf.bench_gemm import streamed_ms, streamed_weights
     from perf.experiments.gemm_variants import poison, relative_error
     from perf.timing import random_bf16
 
@@ -316,7 +296,7 @@ def measure(repeats: int) -> list[dict]:
                 launch(x, weights[0], out)
                 actual = from_bf16(out.copy_to_host())
                 truth = actual if truth is None else truth  # cuBLAS's, the first
-                us = streamed_us(launch, x, weights, out, repeats)
+                us = streamed_ms(launch, x, weights, out, repeats) * 1e3  # a graph over the copies of W
                 cublas_us = cublas_us or us
                 compiled = None
                 if name != "cublas":
