@@ -63,10 +63,9 @@ EPILOGUES = {"linear": (), "linear_silu_mul": ("silu_mul",), "linear_rope_write_
 PRODUCT_KERNELS = {"cublas": "cublas_gemm", "tiled": "gemm"}
 """The launcher of each product kernel that leaves the norm and the epilogue to kernels of their own."""
 PREFILL_P_PRECISION = "fp16"
-"""How flash prefill multiplies P V (`attention_tiles.P_PRECISIONS`): one float16 pass took
-0.95 to 0.97 of the two bf16 passes' time at 1 x 4,096, 16 x 1,024 and 4 x 512 + 1,536
-tokens (H100, `perf/bench_attention.py --p-precision`, 2026-12-06). Cascade's shared kernel
-keeps "bf16x2": not measured there."""
+"""How flash prefill multiplies P V (`attention_tiles.P_PRECISIONS`): one float16 pass is the
+faster at every shape `perf/bench_attention.py --p-precision` times (`perf/LOG.md`). Cascade's
+shared kernel keeps "bf16x2": it has not been timed with one pass."""
 
 
 # --8<-- [start:dispatch]
