@@ -185,6 +185,8 @@ BAD_REQUESTS = [
     ([1, "2"], {}, "prompt"),
     ([[1, 2]], {}, "prompt"),
     ([1, 2**70], {}, "prompt"),
+    ([True, False], {}, "prompt"),  # bools alone are not token ids (with an int they read 1 and 0)
+    ([np.uint64(2**63)], {}, "prompt"),
 ]
 
 
@@ -201,6 +203,17 @@ def test_bad_request_is_rejected_alone(tiny_model, prompt, overrides, parameter)
     assert [output.request_id for output in finished] == [good]
     assert len(finished[0].outputs[0].token_ids) == 4
     assert_no_leak(llm)
+
+
+def test_token_ids_of_any_integer_type_become_python_ints(tiny_model):
+    """NumPy integers, a bool beside ints and a tuple are token ids; the prompt the engine
+    keeps (and reports) holds plain ints of the same values."""
+    engine = LLM(tiny_model, backend="numpy", block_size=4).engine
+    for prompt in ([np.int64(5), True, np.uint8(7)], (5, 1, 7), np.arange(5, 8, dtype=np.int32).tolist()):
+        request_id = engine.add_request(prompt, _greedy(1))
+        (seq,) = engine.scheduler._unfinished[request_id]
+        assert seq.token_ids in ([5, 1, 7], [5, 6, 7]) and {type(token) for token in seq.token_ids} == {int}
+        engine.abort(request_id)
 
 
 def test_abort_frees_blocks_and_others_finish(tiny_model):
