@@ -33,19 +33,24 @@ PROMPT_CONTEXT_TOKENS = 5  # vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET
 
 # --8<-- [start:incremental]
 class IncrementalDetokenizer:
-    """One sequence's streaming decoder. `text` is everything emitted so far."""
+    """One sequence's streaming decoder. `text` is everything emitted so far, `num_tokens` the
+    number of ids it has been given (the prompt's and the generated ones)."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.token_ids = list(prompt_ids)
-        self.prefix_offset = max(len(self.token_ids) - PROMPT_CONTEXT_TOKENS, 0)
+        # The window never reaches back past the prompt's last PROMPT_CONTEXT_TOKENS: keeping
+        # only those spares a copy of every prompt at admission.
+        self.token_ids = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.num_tokens = len(prompt_ids)
+        self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
         self.text = ""
 
     def step(self, new_ids: Sequence[int]) -> str:
         """Append generated ids; return the text they make final (possibly empty)."""
         self.token_ids.extend(new_ids)
+        self.num_tokens += len(new_ids)
         prefix_text, window_text = self._window_texts()
         if len(window_text) <= len(prefix_text) or window_text.endswith(REPLACEMENT_CHARACTER):
             return ""

@@ -226,7 +226,7 @@ class LLMEngine:
         detokenizer = request.detokenizers[seq.index]
         params = seq.sampling_params
         before = len(detokenizer.text)
-        new_ids = seq.token_ids[len(detokenizer.token_ids) : seq.num_known_tokens]
+        new_ids = seq.token_ids[detokenizer.num_tokens : seq.num_known_tokens]
         if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
             new_ids = new_ids[:-1]  # an EOS or stop token id ended it (a stop string ends it below)
         detokenizer.step(new_ids)
