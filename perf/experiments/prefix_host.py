@@ -53,8 +53,10 @@ def unique_prompts(rng: np.random.Generator) -> list[list[int]]:
 
 
 def shared_prompts(rng: np.random.Generator) -> list[list[int]]:
-    prefix = rng.integers(0, VOCAB, 2048).tolist()
-    return [prefix + rng.integers(0, VOCAB, 64).tolist() for _ in range(256)]
+    """Each prompt holds int objects of its own, as LLMEngine's check of a token-id prompt
+    leaves them: comparing two prompts' ids then compares values, not the same objects."""
+    prefix = rng.integers(0, VOCAB, 2048)
+    return [np.concatenate([prefix, rng.integers(0, VOCAB, 64)]).tolist() for _ in range(256)]
 
 
 WORKLOADS = {"unique": (unique_prompts, 4096), "shared": (shared_prompts, 8192)}  # (prompts, token budget)
