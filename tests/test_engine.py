@@ -17,6 +17,7 @@ from tests.random_llama import (
     save_bytes_tokenizer,
 )
 from tinyvllm import LLM, SamplingParams
+from tinyvllm.engine.sequence import token_bytes
 
 
 @pytest.fixture(scope="module")
@@ -206,13 +207,16 @@ def test_bad_request_is_rejected_alone(tiny_model, prompt, overrides, parameter)
 
 
 def test_token_ids_of_any_integer_type_become_python_ints(tiny_model):
-    """NumPy integers, a bool beside ints and a tuple are token ids; the prompt the engine
-    keeps (and reports) holds plain ints of the same values."""
+    """NumPy integers, bools beside ints and a tuple are token ids; the prompt the engine
+    keeps (and reports) holds plain ints of the same values, and its bytes (which the prefix
+    cache compares) are those of these ints."""
     engine = LLM(tiny_model, backend="numpy", block_size=4).engine
-    for prompt in ([np.int64(5), True, np.uint8(7)], (5, 1, 7), np.arange(5, 8, dtype=np.int32).tolist()):
+    prompts = ([np.int64(5), True, np.uint8(7)], [True, np.int64(6), 7], (5, 1, 7), np.arange(5, 8).tolist())
+    for prompt in prompts:
         request_id = engine.add_request(prompt, _greedy(1))
         (seq,) = engine.scheduler._unfinished[request_id]
-        assert seq.token_ids in ([5, 1, 7], [5, 6, 7]) and {type(token) for token in seq.token_ids} == {int}
+        assert [int(token) for token in prompt] == seq.token_ids and {type(token) for token in seq.token_ids} == {int}
+        assert seq.prompt_bytes == token_bytes(seq.token_ids)
         engine.abort(request_id)
 
 

@@ -18,7 +18,7 @@ from tinyvllm.engine.prefix_cache import (
     block_hash,
     register_computed_blocks,
 )
-from tinyvllm.engine.sequence import Sequence
+from tinyvllm.engine.sequence import Sequence, token_bytes
 from tinyvllm.sampling_params import SamplingParams
 
 PREFIXES = ([1, 2, 3, 4, 5, 1, 2, 3], [2, 2, 2, 2, 3, 3, 3, 3], [1, 2, 3, 4, 4, 4, 4, 4])
@@ -240,19 +240,19 @@ def test_the_last_prompt_token_is_always_computed():
 def test_register_refuses_a_free_block():
     allocator = PrefixCachingAllocator(2)
     with pytest.raises(ValueError, match="free block 0"):
-        allocator.register([0], [block_hash(ROOT_KEY, (1, 2))], [1, 2], 2, -1)
+        allocator.register([0], [block_hash(ROOT_KEY, (1, 2))], token_bytes([1, 2]), 2, -1)
 
 
 def test_allocating_more_than_is_free_evicts_nothing():
     allocator = PrefixCachingAllocator(3)
     (block,) = allocator.allocate(1)
     key = block_hash(ROOT_KEY, (1, 2))
-    allocator.register([int(block)], [key], [1, 2], 2, -1)
+    allocator.register([int(block)], [key], token_bytes([1, 2]), 2, -1)
     allocator.free([block])  # cached, unowned: counted free, evictable
     with pytest.raises(OutOfBlocks):
         allocator.allocate(4)
     assert allocator.unowned_cached_blocks() == [block]
-    assert allocator.lookup([1, 2], [key], 2) == [block]
+    assert allocator.lookup(token_bytes([1, 2]), [key], 2) == [block]
     assert sorted(allocator.allocate(3).tolist()) == [0, 1, 2]  # now it is evicted, and used
     assert allocator.num_cached == 0
 

@@ -38,7 +38,7 @@ from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduler import Scheduler
-from tinyvllm.engine.sequence import new_sequences
+from tinyvllm.engine.sequence import new_sequences, token_bytes
 from tinyvllm.provenance import run_header
 from tinyvllm.sampling_params import SamplingParams
 
@@ -63,7 +63,8 @@ WORKLOADS = {"unique": (unique_prompts, 4096), "shared": (shared_prompts, 8192)}
 
 
 def make_scheduler(prompts: list[list[int]], cache: bool, budget: int) -> Scheduler:
-    """A scheduler with every prompt queued (max_tokens 1) and blocks for all of them at once."""
+    """A scheduler with every prompt queued (max_tokens 1) and blocks for all of them at once,
+    each with its ids' bytes, as add_request makes them when it checks a token-id prompt."""
     num_blocks = sum(blocks_needed(len(prompt), BLOCK_SIZE) for prompt in prompts) + 16
     config = ResolvedEngineConfig(
         block_size=BLOCK_SIZE,
@@ -76,7 +77,7 @@ def make_scheduler(prompts: list[list[int]], cache: bool, budget: int) -> Schedu
     scheduler = Scheduler(config, allocator)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     for index, prompt in enumerate(prompts):
-        scheduler.add(new_sequences(str(index), prompt, params))
+        scheduler.add(new_sequences(str(index), prompt, params, prompt_bytes=token_bytes(prompt)))  # as add_request
     return scheduler
 
 

@@ -128,11 +128,11 @@ class LLMEngine:
                 token by token (unless stop strings need the text as it grows).
         """
         params = params if params is not None else self.default_sampling_params()
-        text, token_ids = self.check_request(prompt, params)
+        text, token_ids, prompt_bytes = self._checked(prompt, params)
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.randrange(SEED_LIMIT))
         request_id = request_id if request_id is not None else str(next(self._request_ids))
-        seqs = new_sequences(request_id, token_ids, params, prompt=text)
+        seqs = new_sequences(request_id, token_ids, params, prompt=text, prompt_bytes=prompt_bytes)
         self.scheduler.add(seqs)
         detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens) for _ in seqs]
         self._requests[request_id] = _Request(seqs, detokenizers, final_only, [False] * len(seqs))
@@ -148,11 +148,17 @@ class LLMEngine:
             prompt: as for `add_request`.
             params: the request's sampling, as `add_request` will take it.
         """
-        params.validate_for_vocab(self.config.vocab_size)
-        text, token_ids = self._tokenize(prompt)
-        token_ids = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.max_model_len)
-        self.scheduler.check_fits(len(token_ids), params.max_tokens)
+        text, token_ids, _ = self._checked(prompt, params)
         return text, token_ids
+
+    def _checked(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], bytes | None]:
+        """check_request's text and token ids, and the ids as `token_bytes` where checking a
+        token-id prompt made them (None otherwise: the sequence makes them if it needs them)."""
+        params.validate_for_vocab(self.config.vocab_size)
+        text, token_ids, prompt_bytes = self._tokenize(prompt)
+        kept = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.max_model_len)
+        self.scheduler.check_fits(len(kept), params.max_tokens)
+        return text, kept, prompt_bytes if len(kept) == len(token_ids) else None
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its completions) now and free its KV blocks; False if it was
@@ -244,13 +250,14 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int], bytes | None]:
+        """The prompt's text, token ids, and for token ids given, those as `token_bytes`."""
         if isinstance(prompt, Mapping):
             return self._tokenize(_dict_prompt(prompt))
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: must not be empty")
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self.tokenizer.encode(prompt), None
         ids = _integer_array(prompt) if isinstance(prompt, SequenceABC) else None
         if ids is None:
             raise ValueError(
@@ -263,7 +270,8 @@ class LLMEngine:
             raise ValueError(
                 f"prompt: token ids {bad[:5].tolist()} are outside the vocabulary of {self.config.vocab_size}"
             )
-        return None, ids.tolist()
+        # every id is in [0, vocab_size), so int64 holds it whatever NumPy chose
+        return None, ids.tolist(), ids.astype(np.int64, copy=False).tobytes()
 
 
 def _integer_array(prompt: SequenceABC) -> np.ndarray | None:

@@ -7,20 +7,23 @@ each of its blocks once (`full_block_keys`) and its admission, the step computin
 block and its registration all read that key. A lookup walks a prompt's keys and stops at
 the first miss; each candidate is confirmed against the token ids stored with it and
 against its parent (the block matched just before, at the same registration generation),
-so a hash collision is a miss, never wrong K/V.
+so a hash collision is a miss, never wrong K/V. Stored ids are int64 bytes (`token_bytes`):
+a run of blocks is confirmed by comparing two byte strings, where a tuple of Python ints per
+block cost a comparison per token.
 
 Cached blocks with no owner are neither free nor lost: they sit in a least-recently-freed
 order and count as free, and `allocate` evicts the oldest of them only when the free stack
 runs out. `acquire` gives a cached block one more owner (taking it off that list).
 """
 
+from array import array
 from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 
 from tinyvllm.engine.block_manager import BlockAllocator
-from tinyvllm.engine.sequence import Sequence
+from tinyvllm.engine.sequence import TOKEN_BYTES, Sequence, token_bytes
 
 ROOT_KEY = 0
 """The parent key of a sequence's first block."""
@@ -49,8 +52,9 @@ class PrefixCachingAllocator(BlockAllocator):
         self._unowned: OrderedDict[int, None] = OrderedDict()  # cached, no owner: oldest first
         # A cached block's CachedBlock fields, in lists indexed by block id: read per block, and
         # an object per block would cost a Python constructor (0.2 us) and one more object for
-        # the cyclic GC to walk. _tokens is None for a block that is not cached.
-        self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        # the cyclic GC to walk. _tokens holds a block's ids as `token_bytes`, None for a block
+        # that is not cached.
+        self._tokens: list[bytes | None] = [None] * num_blocks
         self._key = [0] * num_blocks
         self._parent = [-1] * num_blocks
         self._parent_generation = [0] * num_blocks
@@ -73,7 +77,8 @@ class PrefixCachingAllocator(BlockAllocator):
         tokens = self._tokens[block_id]
         if tokens is None:
             return None
-        return CachedBlock(self._key[block_id], tokens, self._parent[block_id], self._parent_generation[block_id])
+        token_ids = tuple(array("q", tokens))
+        return CachedBlock(self._key[block_id], token_ids, self._parent[block_id], self._parent_generation[block_id])
 
     def unowned_cached_blocks(self) -> list[int]:
         """Cached blocks no one owns, the next to be evicted first."""
@@ -104,11 +109,12 @@ class PrefixCachingAllocator(BlockAllocator):
             np.add.at(self._ref_counts, np.asarray(block_ids, dtype=np.intp), 1)
 
     # --8<-- [start:lookup]
-    def lookup(self, token_ids: list[int], keys: list[int], block_size: int) -> list[int]:
-        """The cached blocks of the longest prefix of token_ids' full blocks, whose keys
-        (chained, see `full_block_keys`) are `keys`: one block id per key matched."""
-        # Each check runs over the whole run of candidates at once, as list operations in C:
-        # a Python loop over a 2,048-token prefix's 128 blocks cost ~50 us a request.
+    def lookup(self, tokens: bytes, keys: list[int], block_size: int) -> list[int]:
+        """The cached blocks of the longest prefix of the full blocks of `tokens` (token ids as
+        `token_bytes`), whose keys (chained, see `full_block_keys`) are `keys`: one block id per
+        key matched."""
+        # Each check runs over the whole run of candidates at once, as list and byte-string
+        # comparisons in C: a Python loop over a 2,048-token prefix's 128 blocks cost ~50 us a request.
         found = list(map(self._by_key.get, keys))
         if None in found:
             del found[found.index(None) :]
@@ -118,19 +124,20 @@ class PrefixCachingAllocator(BlockAllocator):
             list(map(self._parent.__getitem__, found)) == [-1, *found[:-1]]
             and list(map(self._parent_generation.__getitem__, found))
             == [0, *map(self._generation.__getitem__, found[:-1])]
-            and list(map(self._tokens.__getitem__, found)) == list(zip(*[iter(token_ids)] * block_size))[: len(found)]
+            and b"".join(map(self._tokens.__getitem__, found)) == tokens[: len(found) * block_size * TOKEN_BYTES]
         )
-        return found if chained else found[: self._confirmed_length(found, token_ids, block_size)]
+        return found if chained else found[: self._confirmed_length(found, tokens, block_size)]
 
-    def _confirmed_length(self, found: list[int], token_ids: list[int], block_size: int) -> int:
+    def _confirmed_length(self, found: list[int], tokens: bytes, block_size: int) -> int:
         """How many of the candidate blocks `found` chain from the first, each to the one before
-        (at its registration generation) and holding its tokens of token_ids; a hash collision
-        or a parent evicted and registered again ends the run."""
+        (at its registration generation) and holding its ids of `tokens`; a hash collision or
+        a parent evicted and registered again ends the run."""
+        width = block_size * TOKEN_BYTES
         parent_block, parent_generation = -1, 0
-        for index, (block_id, tokens) in enumerate(zip(found, zip(*[iter(token_ids)] * block_size))):
+        for index, block_id in enumerate(found):
             if self._parent[block_id] != parent_block or self._parent_generation[block_id] != parent_generation:
                 return index
-            if self._tokens[block_id] != tokens:
+            if self._tokens[block_id] != tokens[index * width : (index + 1) * width]:
                 return index  # a collision
             parent_block, parent_generation = block_id, self._generation[block_id]
         return len(found)
@@ -138,24 +145,25 @@ class PrefixCachingAllocator(BlockAllocator):
     # --8<-- [end:lookup]
 
     def register(
-        self, block_ids: list[int], keys: list[int], token_ids: list[int], block_size: int, parent_block: int
+        self, block_ids: list[int], keys: list[int], tokens: bytes, block_size: int, parent_block: int
     ) -> None:
-        """Make owned full blocks findable by content: block_ids[i] holds token_ids[i * block_size:
-        (i + 1) * block_size], keyed keys[i], and follows block_ids[i - 1] (the first follows
-        parent_block, -1 for none). A block stays as it is when its key or the block is cached
-        already (the same prefix computed twice, or a collision); nothing changes on error."""
+        """Make owned full blocks findable by content: block_ids[i] holds the ids of `tokens`
+        (as `token_bytes`) i * block_size to (i + 1) * block_size, keyed keys[i], and follows
+        block_ids[i - 1] (the first follows parent_block, -1 for none). A block stays as it is
+        when its key or the block is cached already (the same prefix computed twice, or a
+        collision); nothing changes on error."""
         owners = self._ref_counts[block_ids]
         if not owners.all():
             raise ValueError(f"cannot register free block {block_ids[int(owners.argmin())]}")
         by_key, cached_tokens, generation = self._by_key, self._tokens, self._generation  # read once, not per block
         registration = self._num_registrations
-        # zip(*[iter(span)] * n) cuts the span into tuples of n tokens in C, one tuple per block
-        for block_id, key, tokens in zip(block_ids, keys, zip(*[iter(token_ids)] * block_size)):
+        width = block_size * TOKEN_BYTES
+        for index, (block_id, key) in enumerate(zip(block_ids, keys)):
             if key not in by_key and cached_tokens[block_id] is None:
                 self._parent_generation[block_id] = generation[parent_block] if parent_block >= 0 else 0
                 self._parent[block_id] = parent_block
                 self._key[block_id] = key
-                cached_tokens[block_id] = tokens
+                cached_tokens[block_id] = tokens[index * width : (index + 1) * width]
                 registration += 1
                 generation[block_id] = registration
                 by_key[key] = block_id
@@ -203,7 +211,7 @@ def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int)
     """Give a waiting seq its longest cached prefix (one more owner per block), counted
     computed; returns its length in tokens."""
     keys = lookup_keys(seq, block_size)
-    blocks = cache.lookup(seq.token_ids, keys, block_size)
+    blocks = cache.lookup(_token_bytes(seq, 0, len(keys) * block_size), keys, block_size)
     cache.acquire(blocks)
     seq.block_table = blocks
     seq.num_registered_blocks = len(blocks)
@@ -223,7 +231,7 @@ def register_computed_blocks(
     if end <= start:
         return
     keys = full_block_keys(seq, end, block_size)[start:end]
-    tokens = seq.token_ids[start * block_size : end * block_size]
+    tokens = _token_bytes(seq, start * block_size, end * block_size)
     parent_block = seq.block_table[start - 1] if start else -1
     cache.register(seq.block_table[start:end], keys, tokens, block_size, parent_block)
     seq.num_registered_blocks = end
@@ -236,3 +244,11 @@ def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
     """How many of seq's blocks are full within its first num_tokens tokens and hold no
     placeholder (those are at the end of token_ids, so the first such block ends the run)."""
     return min(num_tokens, seq.num_known_tokens) // block_size
+
+
+def _token_bytes(seq: Sequence, start: int, end: int) -> bytes:
+    """seq's known token ids start to end as `token_bytes`: a slice of its prompt's, made once,
+    when they lie in the prompt (a block of generated ids is converted on its own)."""
+    if end <= seq.num_prompt_tokens:
+        return seq.prompt_bytes[start * TOKEN_BYTES : end * TOKEN_BYTES]
+    return token_bytes(seq.token_ids[start:end])

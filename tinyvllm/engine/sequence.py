@@ -30,6 +30,8 @@ adds no entry twice).
 import enum
 import itertools
 import secrets
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tinyvllm.sampling_params import SEED_LIMIT, SamplingParams
@@ -61,6 +63,15 @@ _arrivals = itertools.count()
 
 PENDING_TOKEN = -1
 
+TOKEN_BYTES = 8
+"""Bytes a token id takes in `token_bytes`."""
+
+
+def token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Token ids as int64 bytes (machine order): how the prefix cache stores and compares a
+    block's ids, two byte strings compared at once where a tuple of ints compared int by int."""
+    return array("q", token_ids).tobytes()
+
 
 class Sequence:
     def __init__(
@@ -70,9 +81,11 @@ class Sequence:
         sampling_params: SamplingParams,
         prompt: str | None = None,
         index: int = 0,
+        prompt_bytes: bytes | None = None,
     ) -> None:
         """One completion of a request (the `index`-th); a lone sequence is its own group.
-        `prompt_token_ids` are Python ints (LLMEngine's tokenizing makes them so), copied."""
+        `prompt_token_ids` are Python ints (LLMEngine's tokenizing makes them so), copied;
+        `prompt_bytes`, where the caller has them, the same ids as `token_bytes`."""
         # a plain copy: converting each id again cost as much as the rest of admission (perf/LOG.md, 2026-12-05)
         token_ids = list(prompt_token_ids)
         if not token_ids:
@@ -84,6 +97,7 @@ class Sequence:
         self.token_ids = token_ids
         self.num_prompt_tokens = len(token_ids)
         self._prompt_token_ids: list[int] | None = None
+        self._prompt_bytes = prompt_bytes
         self.num_computed_tokens = 0
         self.pending_sample_row = -1
         self.block_table: list[int] = []
@@ -123,6 +137,14 @@ class Sequence:
         if self._prompt_token_ids is None:
             self._prompt_token_ids = self.token_ids[: self.num_prompt_tokens]
         return self._prompt_token_ids
+
+    @property
+    def prompt_bytes(self) -> bytes:
+        """The prompt as `token_bytes`, made at the first call unless given (the prefix cache's
+        lookups and registrations slice it)."""
+        if self._prompt_bytes is None:
+            self._prompt_bytes = token_bytes(self.token_ids[: self.num_prompt_tokens])
+        return self._prompt_bytes
 
     @property
     def num_known_tokens(self) -> int:
@@ -168,11 +190,16 @@ class Sequence:
 
 
 def new_sequences(
-    request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, prompt: str | None = None
+    request_id: str,
+    prompt_token_ids: list[int],
+    sampling_params: SamplingParams,
+    prompt: str | None = None,
+    prompt_bytes: bytes | None = None,
 ) -> list[Sequence]:
-    """The `sampling_params.n` sequences of one request, indices 0 .. n-1, sharing one group."""
+    """The `sampling_params.n` sequences of one request, indices 0 .. n-1, sharing one group
+    (`prompt_bytes` as for Sequence)."""
     group = [
-        Sequence(request_id, prompt_token_ids, sampling_params, prompt=prompt, index=index)
+        Sequence(request_id, prompt_token_ids, sampling_params, prompt=prompt, index=index, prompt_bytes=prompt_bytes)
         for index in range(sampling_params.n)
     ]
     for seq in group:
