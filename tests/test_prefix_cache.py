@@ -24,9 +24,9 @@ from tinyvllm.sampling_params import SamplingParams
 PREFIXES = ([1, 2, 3, 4, 5, 1, 2, 3], [2, 2, 2, 2, 3, 3, 3, 3], [1, 2, 3, 4, 4, 4, 4, 4])
 
 
-def colliding_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
+def colliding_hash(parent_key: int, tokens: bytes) -> int:
     """A hash with three values: most different blocks share a key."""
-    return block_hash(parent_key, token_ids) % 3
+    return block_hash(parent_key, tokens) % 3
 
 
 class PrefixCacheMachine(RuleBasedStateMachine):
@@ -112,7 +112,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for seq in getattr(self, "active", ()):
             parent_key = ROOT_KEY
             for index, key in enumerate(seq.block_keys):
-                tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+                tokens = token_bytes(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
                 parent_key = prefix_cache.block_hash(parent_key, tokens)
                 assert key == parent_key
 
@@ -156,11 +156,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 continue
             assert list(entry.token_ids) == self.content[block_id].tolist()
             if entry.parent_block < 0:
-                assert entry.key == prefix_cache.block_hash(ROOT_KEY, entry.token_ids)
+                assert entry.key == prefix_cache.block_hash(ROOT_KEY, token_bytes(entry.token_ids))
                 continue
             parent = self.allocator.cached_block(entry.parent_block)
             if parent is not None and int(self.allocator._generation[entry.parent_block]) == entry.parent_generation:
-                assert entry.key == prefix_cache.block_hash(parent.key, entry.token_ids)
+                assert entry.key == prefix_cache.block_hash(parent.key, token_bytes(entry.token_ids))
 
 
 class CollidingPrefixCacheMachine(PrefixCacheMachine):
@@ -240,13 +240,13 @@ def test_the_last_prompt_token_is_always_computed():
 def test_register_refuses_a_free_block():
     allocator = PrefixCachingAllocator(2)
     with pytest.raises(ValueError, match="free block 0"):
-        allocator.register([0], [block_hash(ROOT_KEY, (1, 2))], token_bytes([1, 2]), 2, -1)
+        allocator.register([0], [block_hash(ROOT_KEY, token_bytes([1, 2]))], token_bytes([1, 2]), 2, -1)
 
 
 def test_allocating_more_than_is_free_evicts_nothing():
     allocator = PrefixCachingAllocator(3)
     (block,) = allocator.allocate(1)
-    key = block_hash(ROOT_KEY, (1, 2))
+    key = block_hash(ROOT_KEY, token_bytes([1, 2]))
     allocator.register([int(block)], [key], token_bytes([1, 2]), 2, -1)
     allocator.free([block])  # cached, unowned: counted free, evictable
     with pytest.raises(OutOfBlocks):
@@ -322,9 +322,9 @@ def test_each_block_of_a_sequence_is_hashed_once(monkeypatch):
     (`full_block_keys`), which a preempted sequence keeps: no block is hashed twice."""
     hashed = []
 
-    def counting_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
-        hashed.append(token_ids)
-        return block_hash(parent_key, token_ids)
+    def counting_hash(parent_key: int, tokens: bytes) -> int:
+        hashed.append(tokens)
+        return block_hash(parent_key, tokens)
 
     monkeypatch.setattr(prefix_cache, "block_hash", counting_hash)
     options = dict(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)

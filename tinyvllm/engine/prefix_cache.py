@@ -29,9 +29,10 @@ ROOT_KEY = 0
 """The parent key of a sequence's first block."""
 
 
-def block_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
-    """The key of a full block: chained over its parent's key and its token ids."""
-    return hash((parent_key, token_ids))
+def block_hash(parent_key: int, tokens: bytes) -> int:
+    """The key of a full block: chained over its parent's key and its token ids (as
+    `token_bytes`, whose hash reads one buffer where a tuple's read an int object per id)."""
+    return hash((parent_key, tokens))
 
 
 class CachedBlock(NamedTuple):
@@ -192,9 +193,10 @@ def full_block_keys(seq: Sequence, num_blocks: int, block_size: int) -> list[int
     keys = seq.block_keys
     if len(keys) < num_blocks:
         parent_key = keys[-1] if keys else ROOT_KEY
-        span = seq.token_ids[len(keys) * block_size : num_blocks * block_size]
-        for tokens in zip(*[iter(span)] * block_size):  # the span as tuples of block_size tokens, cut in C
-            parent_key = block_hash(parent_key, tokens)
+        span = _token_bytes(seq, len(keys) * block_size, num_blocks * block_size)
+        width = block_size * TOKEN_BYTES
+        for start in range(0, len(span), width):
+            parent_key = block_hash(parent_key, span[start : start + width])
             keys.append(parent_key)
     return keys
 
