@@ -16,6 +16,7 @@ from tinyvllm.engine.prefix_cache import (
     PrefixCachingAllocator,
     attach_prefix,
     block_hash,
+    full_block_keys,
     register_computed_blocks,
 )
 from tinyvllm.engine.sequence import Sequence, token_bytes
@@ -340,3 +341,24 @@ def test_each_block_of_a_sequence_is_hashed_once(monkeypatch):
     assert len(hashed) == sum(len(seq.block_keys) for seq in seqs)
     for seq in seqs:
         assert_matches_reference(seq)
+
+
+def test_a_prefix_shared_by_requests_attached_in_a_row_is_hashed_once(monkeypatch):
+    """B takes the keys of the two blocks it shares with A, attached just before it, and
+    hashes only its own third block; its keys are still the chain of its tokens."""
+    hashed = []
+
+    def counting_hash(parent_key: int, tokens: bytes) -> int:
+        hashed.append(tokens)
+        return block_hash(parent_key, tokens)
+
+    prefix, params = [1, 2, 3, 4, 5, 6, 7, 8], SamplingParams()
+    alone = Sequence("alone", prefix + [7, 7, 7, 7, 2], params)
+    expected = full_block_keys(alone, 3, 4)
+    monkeypatch.setattr(prefix_cache, "block_hash", counting_hash)
+    cache = PrefixCachingAllocator(16)
+    a, b = Sequence("a", prefix + [9, 9, 9, 9, 1], params), Sequence("b", prefix + [7, 7, 7, 7, 2], params)
+    attach_prefix(cache, a, 4)
+    attach_prefix(cache, b, 4)
+    assert len(hashed) == 3 + 1  # A's three full blocks before its last token, then B's third
+    assert b.block_keys == expected and b.block_keys[:2] == a.block_keys[:2]
