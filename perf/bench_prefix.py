@@ -276,12 +276,17 @@ def main() -> None:
     parser.add_argument(
         "--cascade-only", action="store_true", help="only the shared prefix, cache on, cascade attention on and off"
     )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, help="a step's token budget (default: the engine's)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     backend = args.backend if args.backend != "auto" else ("cuda" if has_cuda_gpu() else "numpy")
     directory = model_dir(args.model)
     sizes = QUICK if args.quick else FULL
+    if args.max_num_batched_tokens is not None:
+        sizes = dataclasses.replace(sizes, max_num_batched_tokens=args.max_num_batched_tokens)
     results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
     if args.cascade_only:
         for cascade in (True, False):
