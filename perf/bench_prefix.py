@@ -276,9 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--cascade-only", action="store_true", help="only the shared prefix, cache on, cascade attention on and off"
     )
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, help="a step's token budget (default: the engine's)"
-    )
+    parser.add_argument("--max-num-batched-tokens", type=int, help="a step's token budget (default: the engine's)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
