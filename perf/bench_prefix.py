@@ -120,8 +120,9 @@ def check_produced(produced: int, expected: int) -> None:
 
 
 def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
-    """All requests at once, streamed: output tok/s, each request's TTFT, and the wall time
-    of the first FIRST_STEPS engine steps (where the prefills are)."""
+    """All requests at once, streamed: output tok/s, each request's TTFT, the wall time of
+    admitting them all (the `add_request` calls, before the first step) and of the first
+    FIRST_STEPS engine steps (where the prefills are)."""
     start = time.perf_counter()
     for prompt, params in zip(workload.prompts, workload.params()):
         engine.add_request(prompt, params)
@@ -144,6 +145,7 @@ def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
         "seconds": seconds,
         "output_tok_per_s": produced / seconds,
         "ttft_ms": summary(list(first_token_s.values())),
+        "admission_ms": 1e3 * step_ends[0],
         "first_steps_ms": [1e3 * (b - a) for a, b in zip(step_ends, step_ends[1 : FIRST_STEPS + 1])],
     }
 
