@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.latency import summary
+from perf.latency import CollectorTime, summary
 from perf.models import model_dir
 from tinyvllm.benchmark import Workload, nano_vllm_workload, throughput
 from tinyvllm.engine.llm_engine import LLMEngine
@@ -122,21 +122,24 @@ def check_produced(produced: int, expected: int) -> None:
 def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
     """All requests at once, streamed: output tok/s, each request's TTFT, the wall time of
     admitting them all (the `add_request` calls, before the first step) and of the first
-    FIRST_STEPS engine steps (where the prefills are)."""
+    FIRST_STEPS engine steps (where the prefills are), and the garbage collector's part of
+    the admission and of the whole run (`CollectorTime`)."""
     start = time.perf_counter()
-    for prompt, params in zip(workload.prompts, workload.params()):
-        engine.add_request(prompt, params)
-    first_token_s: dict[str, float] = {}
-    step_ends = [time.perf_counter() - start]
-    produced = 0
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter() - start
-        step_ends.append(now)
-        for output in outputs:
-            first_token_s.setdefault(output.request_id, now)
-            if output.finished:
-                produced += len(output_token_ids(output))
+    with CollectorTime() as run_gc:
+        with CollectorTime() as admission_gc:
+            for prompt, params in zip(workload.prompts, workload.params()):
+                engine.add_request(prompt, params)
+        first_token_s: dict[str, float] = {}
+        step_ends = [time.perf_counter() - start]
+        produced = 0
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            now = time.perf_counter() - start
+            step_ends.append(now)
+            for output in outputs:
+                first_token_s.setdefault(output.request_id, now)
+                if output.finished:
+                    produced += len(output_token_ids(output))
     seconds = time.perf_counter() - start
     check_produced(produced, workload.output_tokens)
     return {
@@ -146,6 +149,8 @@ def run_shared_prefix(engine: LLMEngine, workload: Workload) -> dict:
         "output_tok_per_s": produced / seconds,
         "ttft_ms": summary(list(first_token_s.values())),
         "admission_ms": 1e3 * step_ends[0],
+        "admission_gc": admission_gc.summary(),
+        "gc": run_gc.summary(),
         "first_steps_ms": [1e3 * (b - a) for a, b in zip(step_ends, step_ends[1 : FIRST_STEPS + 1])],
     }
 
