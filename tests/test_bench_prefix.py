@@ -72,3 +72,26 @@ def test_each_turn_is_the_whole_history_plus_64_new_tokens_submitted_after_the_t
         assert engine.prompts[i] == expected
         assert len(expected) == turn * (64 + 64) + 64
         assert engine.added_at[i] == turn, "a turn waits for the one before to finish"
+
+
+def test_collector_time_counts_the_collections_made_inside_it_and_only_those():
+    """gc.collect(g) runs one collection of generation g, which the block counts, with its time
+    (automatic collections paused, so the counts are exact); after the block its callback is gone
+    and counts nothing more."""
+    import gc
+
+    from perf.latency import CollectorTime
+
+    callbacks = list(gc.callbacks)
+    gc.disable()
+    try:
+        with CollectorTime() as collector:
+            gc.collect(2)
+            gc.collect(0)
+            gc.collect(0)
+        gc.collect(1)
+    finally:
+        gc.enable()
+    assert gc.callbacks == callbacks
+    assert collector.summary()["collections"] == [2, 0, 1]
+    assert collector.summary()["ms"] > 0
