@@ -1,8 +1,11 @@
-"""perf/bench_prefix.py's workloads are issue 30's: their shapes, checked against its definitions."""
+"""perf/bench_prefix.py's workloads are issue 30's: their shapes, checked against its definitions;
+and the garbage collector's count it keeps beside them (`perf/latency.py`)."""
 
+import gc
 from types import SimpleNamespace
 
 from perf.bench_prefix import FULL, multi_turn_conversations, run_conversations, shared_prefix_workload
+from perf.latency import CollectorTime
 
 VOCAB = 128256
 
@@ -78,10 +81,6 @@ def test_collector_time_counts_the_collections_made_inside_it_and_only_those():
     """gc.collect(g) runs one collection of generation g, which the block counts, with its time
     (automatic collections paused, so the counts are exact); after the block its callback is gone
     and counts nothing more."""
-    import gc
-
-    from perf.latency import CollectorTime
-
     callbacks = list(gc.callbacks)
     gc.disable()
     try:
