@@ -50,7 +50,7 @@ class FakePagedModel:
         for seq, num_new in zip(batch.seqs, batch.num_scheduled_tokens.tolist()):
             end = seq.num_computed_tokens + num_new
             context = self.cache[self._slots(seq, np.arange(end))].tolist()
-            assert context == seq.token_ids[:end], f"cache does not hold {seq!r}'s tokens"
+            assert context == seq.token_ids[:end].tolist(), f"cache does not hold {seq!r}'s tokens"
             contexts.append(context)
         return contexts
 
@@ -128,7 +128,7 @@ def drain(scheduler: Scheduler, model: FakePagedModel, max_steps: int = 10_000) 
 
 def assert_matches_reference(seq: Sequence, max_model_len: int = MAX_MODEL_LEN) -> None:
     expected = reference_generation(seq.prompt_token_ids, seq.sampling_params, max_model_len)
-    assert (seq.token_ids, seq.finish_reason) == expected
+    assert (seq.token_ids.tolist(), seq.finish_reason) == expected
 
 
 def add(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int, **params) -> Sequence:

@@ -207,16 +207,17 @@ def test_bad_request_is_rejected_alone(tiny_model, prompt, overrides, parameter)
 
 
 def test_token_ids_of_any_integer_type_become_python_ints(tiny_model):
-    """NumPy integers, bools beside ints and a tuple are token ids; the prompt the engine
-    keeps (and reports) holds plain ints of the same values, and its bytes (which the prefix
-    cache compares) are those of these ints."""
+    """NumPy integers, bools beside ints and a tuple are token ids; the engine keeps them as
+    int64 (whose bytes the prefix cache compares) and reports plain ints of the same values."""
     engine = LLM(tiny_model, backend="numpy", block_size=4).engine
     prompts = ([np.int64(5), True, np.uint8(7)], [True, np.int64(6), 7], (5, 1, 7), np.arange(5, 8).tolist())
     for prompt in prompts:
         request_id = engine.add_request(prompt, _greedy(1))
         (seq,) = engine.scheduler._unfinished[request_id]
-        assert [int(token) for token in prompt] == seq.token_ids and {type(token) for token in seq.token_ids} == {int}
-        assert seq.prompt_bytes == token_bytes(seq.token_ids)
+        expected = [int(token) for token in prompt]
+        assert seq.token_ids.typecode == "q" and seq.token_ids.tolist() == expected
+        assert seq.prompt_token_ids == expected and {type(token) for token in seq.prompt_token_ids} == {int}
+        assert token_bytes(seq.token_ids) == np.array(expected, dtype=np.int64).tobytes()
         engine.abort(request_id)
 
 

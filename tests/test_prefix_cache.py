@@ -59,7 +59,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         served = attach_prefix(self.allocator, seq, self.block_size)
         assert served <= seq.num_tokens - 1
         for index, block_id in enumerate(seq.block_table):  # a hit serves the right K/V
-            expected = seq.token_ids[index * self.block_size : (index + 1) * self.block_size]
+            expected = seq.token_ids[index * self.block_size : (index + 1) * self.block_size].tolist()
             assert self.content[block_id].tolist() == expected
         self.active.append(seq)
 

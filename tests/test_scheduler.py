@@ -35,7 +35,7 @@ def test_preemption_takes_the_newest_and_puts_it_at_the_front_of_the_queue():
     assert batch.seqs == [first]
     assert scheduler.num_preemptions == 1
     assert second.status is SequenceStatus.WAITING and second.num_computed_tokens == 0
-    assert second.block_table == [] and second.token_ids == tokens_before
+    assert second.block_table == [] and second.token_ids.tolist() == tokens_before
     assert list(scheduler.waiting) == [second, third]
     assert len(first.block_table) == 3 and scheduler.num_free_blocks == 1
 

@@ -38,7 +38,7 @@ def test_completion_tokens_follow_the_prompt():
     assert seq.num_completion_tokens == 2
 
 
-def test_prompt_token_ids_are_copied_to_python_ints():
+def test_prompt_token_ids_are_copied():
     prompt = [1, 2]
     seq = Sequence("r", prompt, SamplingParams())
     seq.append_token(3)

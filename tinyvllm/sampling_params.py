@@ -9,9 +9,11 @@ from n random seeds without one.
 """
 
 import math
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 from numbers import Integral, Real
+from typing import TypeVar
 
 # Like vLLM: temperatures below this sample greedily, so the sampler never divides by ~0.
 GREEDY_TEMPERATURE = 1e-5
@@ -175,7 +177,10 @@ def check_truncate_prompt_tokens(value) -> int | None:
     return value
 
 
-def truncated_prompt(token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int) -> list[int]:
+Ids = TypeVar("Ids", list[int], array)
+
+
+def truncated_prompt(token_ids: Ids, truncate_prompt_tokens: int | None, max_model_len: int) -> Ids:
     """The prompt's ids that truncate_prompt_tokens keeps: its last k (max_model_len for -1), or all."""
     if truncate_prompt_tokens is None:
         return token_ids

@@ -25,7 +25,7 @@ with tempfile.TemporaryDirectory() as scratch:
             launched = engine.runner.launch(batch)  # step inputs, the forward and the sampler, queued
             engine.scheduler.launched(batch)
             engine.scheduler.postprocess(batch, engine.runner.collect(launched))
-        tokens[budget] = seq.token_ids[len(prompt) :]
+        tokens[budget] = seq.completion_token_ids
         print(f"budget {budget:2}: tokens computed per step {computed}; generated {tokens[budget]}")
 # After the prefill every step computes one token: its K and V join the cache, the rest is read.
 assert tokens[64] == tokens[8] and len(tokens[8]) == 6  # chunking changes the steps, not the tokens

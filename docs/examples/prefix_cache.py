@@ -25,6 +25,6 @@ assert cache.ref_counts[a.block_table[0]] == 2 and cache.ref_counts[a.block_tabl
 
 # A finishes: its blocks lose an owner but stay cached, so a third prompt like A finds all three.
 cache.free(a.block_table)
-c = Sequence("C", a.token_ids + [9], SamplingParams(max_tokens=1))
+c = Sequence("C", [*a.token_ids, 9], SamplingParams(max_tokens=1))
 print(f"after A is freed, C (A's 12 tokens and one more) finds {attach_prefix(cache, c, block_size)} tokens")
 assert c.block_table == a.block_table

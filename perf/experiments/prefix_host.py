@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.block_manager import BlockAllocator, blocks_needed
 from tinyvllm.engine.prefix_cache import PrefixCachingAllocator
 from tinyvllm.engine.scheduler import Scheduler
-from tinyvllm.engine.sequence import new_sequences, token_bytes
+from tinyvllm.engine.sequence import new_sequences
 from tinyvllm.provenance import run_header
 from tinyvllm.sampling_params import SamplingParams
 
@@ -77,7 +78,7 @@ def make_scheduler(prompts: list[list[int]], cache: bool, budget: int) -> Schedu
     scheduler = Scheduler(config, allocator)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     for index, prompt in enumerate(prompts):
-        scheduler.add(new_sequences(str(index), prompt, params, prompt_bytes=token_bytes(prompt)))  # as add_request
+        scheduler.add(new_sequences(str(index), array("q", prompt), params))  # as add_request
     return scheduler
 
 

@@ -128,37 +128,35 @@ class LLMEngine:
                 token by token (unless stop strings need the text as it grows).
         """
         params = params if params is not None else self.default_sampling_params()
-        text, token_ids, prompt_bytes = self._checked(prompt, params)
+        text, token_ids = self._checked(prompt, params)
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.randrange(SEED_LIMIT))
         request_id = request_id if request_id is not None else str(next(self._request_ids))
-        seqs = new_sequences(request_id, token_ids, params, prompt=text, prompt_bytes=prompt_bytes)
+        seqs = new_sequences(request_id, token_ids, params, prompt=text)
         self.scheduler.add(seqs)
         detokenizers = [IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens) for _ in seqs]
         self._requests[request_id] = _Request(seqs, detokenizers, final_only, [False] * len(seqs))
         return request_id
 
-    def check_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
-        """The prompt's text (None for token ids) and token ids, once every check of add_request
-        that does not depend on the engine's state has passed (ValueError naming the problem).
-        It reads only the configuration and the tokenizer, so a server's thread may call it
-        while the engine's thread steps.
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
+        """Every check of add_request that does not depend on the engine's state: ValueError
+        naming the problem. It reads only the configuration and the tokenizer, so a server's
+        thread may call it while the engine's thread steps.
 
         Args:
             prompt: as for `add_request`.
             params: the request's sampling, as `add_request` will take it.
         """
-        text, token_ids, _ = self._checked(prompt, params)
-        return text, token_ids
+        self._checked(prompt, params)
 
-    def _checked(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], bytes | None]:
-        """check_request's text and token ids, and the ids as `token_bytes` where checking a
-        token-id prompt made them (None otherwise: the sequence makes them if it needs them)."""
+    def _checked(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, array]:
+        """The prompt's text (None for token ids) and the token ids it keeps (an int64 array),
+        once check_request's checks have passed."""
         params.validate_for_vocab(self.config.vocab_size)
-        text, token_ids, prompt_bytes = self._tokenize(prompt)
+        text, token_ids = self._tokenize(prompt)
         kept = truncated_prompt(token_ids, params.truncate_prompt_tokens, self.max_model_len)
         self.scheduler.check_fits(len(kept), params.max_tokens)
-        return text, kept, prompt_bytes if len(kept) == len(token_ids) else None
+        return text, kept
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its completions) now and free its KV blocks; False if it was
@@ -250,14 +248,14 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int], bytes | None]:
-        """The prompt's text, token ids, and for token ids given, those as `token_bytes`."""
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, array]:
+        """The prompt's text (None for token ids) and token ids (an int64 array)."""
         if isinstance(prompt, Mapping):
             return self._tokenize(_dict_prompt(prompt))
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: must not be empty")
-            return prompt, self.tokenizer.encode(prompt), None
+            return prompt, array("q", self.tokenizer.encode(prompt))
         ids = _integer_array(prompt) if isinstance(prompt, SequenceABC) else None
         if ids is None:
             raise ValueError(
@@ -271,7 +269,7 @@ class LLMEngine:
                 f"prompt: token ids {bad[:5].tolist()} are outside the vocabulary of {self.config.vocab_size}"
             )
         # every id is in [0, vocab_size), so int64 holds it whatever NumPy chose
-        return None, ids.tolist(), ids.astype(np.int64, copy=False).tobytes()
+        return None, array("q", ids.astype(np.int64, copy=False).tobytes())
 
 
 def _integer_array(prompt: SequenceABC) -> np.ndarray | None:

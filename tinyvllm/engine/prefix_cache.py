@@ -273,8 +273,5 @@ def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
 
 
 def _token_bytes(seq: Sequence, start: int, end: int) -> bytes:
-    """seq's known token ids start to end as `token_bytes`: a slice of its prompt's, made once,
-    when they lie in the prompt (a block of generated ids is converted on its own)."""
-    if end <= seq.num_prompt_tokens:
-        return seq.prompt_bytes[start * TOKEN_BYTES : end * TOKEN_BYTES]
+    """seq's token ids start to end as `token_bytes`."""
     return token_bytes(seq.token_ids[start:end])
