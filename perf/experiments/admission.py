@@ -9,8 +9,9 @@ every microsecond of admission is in every request's TTFT. This times those 256 
 NumPy backend over a tiny random model with Llama 3.2's vocabulary size (the prompt checks
 read it), fresh for each repeat, with prompts made just before it as the benchmark makes
 them; the fastest repeat is reported, then every repeat with the garbage collector's part of it
-(a collection of the older young generation visits every id of the prompts made since, and
-costs a repeat tens of milliseconds where it falls), and cProfile's top functions of one more.
+(a collection of the older young generation visits every id of the young prompt lists, the
+workload's own since the sequences hold theirs in arrays, and costs a repeat milliseconds where
+it falls), and cProfile's top functions of one more.
 Results: perf/results/experiments/admission.json.
 """
 

@@ -230,8 +230,8 @@ def _field(buffer, offset: int, dtype, shape: tuple[int, ...]):
 
 def _scheduled_token_ids(seqs: list[Sequence], num_decodes: int, starts: list[int], ends: list[int]) -> np.ndarray:
     """The ids of each sequence's tokens start to end, in batch order, as int32: a decode's one
-    id by index, a prefill's as a view of its int64 array (id by id, 64 prompts of 1,024
-    tokens took 1.9 ms on the host; as views, 70 us: perf/LOG.md, 2026-12-06)."""
+    id by index, a prefill's as a view of its int64 array: iterating an array makes an int
+    object per id, which cost a long prompt milliseconds (perf/LOG.md, 2026-12-06)."""
     decodes = zip(seqs, starts[:num_decodes])
     decode_ids = np.fromiter((seq.token_ids[start] for seq, start in decodes), np.int64, num_decodes)
     prefill_ids = [
