@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perf.bench_prefix import FULL, QUICK, WARMUP, Sizes, shared_prefix_workload
+from perf.bench_prefix import FULL, QUICK, WARM_UP_SEED, Sizes, shared_prefix_workload
 from perf.models import model_dir
 from tinyvllm.benchmark import decode_latency, nano_vllm_warm_up, nano_vllm_workload, prefill_throughput, throughput
 from tinyvllm.hardware import has_cuda_gpu
@@ -117,7 +117,7 @@ def measure(llm, workload: str, vocab: int, scale: Scale) -> dict:
         return throughput(llm, nano_vllm_workload(vocab, scale.nano_requests))
     if workload == "prefill":
         return prefill_throughput(llm, scale.prefill_prompts, scale.prefill_len, vocab_size=vocab)
-    throughput(llm, shared_prefix_workload(dataclasses.replace(scale.prefix, **WARMUP), vocab, seed=99))
+    throughput(llm, shared_prefix_workload(scale.prefix, vocab, seed=WARM_UP_SEED))
     result = throughput(llm, shared_prefix_workload(scale.prefix, vocab))
     return {**result, "prefix_len": scale.prefix.prefix_len, "suffix_len": scale.prefix.suffix_len}
 
