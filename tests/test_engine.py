@@ -188,6 +188,9 @@ BAD_REQUESTS = [
     ([1, 2**70], {}, "prompt"),
     ([True, False], {}, "prompt"),  # bools alone are not token ids (with an int they read 1 and 0)
     ([np.uint64(2**63)], {}, "prompt"),
+    (b"\x01\x02", {}, "prompt"),  # bytes are a sequence of integers, not of token ids
+    (bytearray(16), {}, "prompt"),
+    ((1, None), {}, "prompt"),
 ]
 
 

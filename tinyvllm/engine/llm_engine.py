@@ -19,6 +19,7 @@ that step; here each output is the whole state, so a reader that skips one loses
 import dataclasses
 import itertools
 import random
+import struct
 import sys
 from array import array
 from collections.abc import Mapping
@@ -256,7 +257,9 @@ class LLMEngine:
             if not prompt:
                 raise ValueError("prompt: must not be empty")
             return prompt, array("q", self.tokenizer.encode(prompt))
-        ids = _integer_array(prompt) if isinstance(prompt, SequenceABC) else None
+        # bytes are a sequence of integers too, but not of token ids
+        is_ids = isinstance(prompt, SequenceABC) and not isinstance(prompt, bytes | bytearray)
+        ids = _integer_array(prompt) if is_ids else None
         if ids is None:
             raise ValueError(
                 f"prompt: expected a string, a list of token ids or a dict prompt, got {type(prompt).__name__}"
@@ -274,16 +277,16 @@ class LLMEngine:
 
 def _integer_array(prompt: SequenceABC) -> np.ndarray | None:
     """The ids of a token-id prompt as a 1-D integer array (empty for an empty prompt), or None
-    if they are not all integers. array("q") converts them in C, raising on a float, a string
-    or None, and NumPy reads its buffer: NumPy's own conversion first finds a dtype for the
-    whole list, which cost a third of admitting a 2,112-token prompt (perf/LOG.md, 2026-12-06).
-    What array("q") refuses, and a prompt of bools, which it would take, NumPy decides."""
+    if they are not all integers. struct packs them as int64 in C, raising on a float, a string
+    or None, and NumPy reads the bytes: NumPy's own conversion first finds a dtype for the whole
+    list, and array("q") converts an item at a time at twice struct's cost (perf/LOG.md,
+    2026-12-06). What struct refuses, and a prompt of bools, which it would take, NumPy decides."""
     try:
-        ids = array("q", prompt)
-    except (TypeError, OverflowError):  # not integers, or beyond int64: NumPy says which
-        ids = None
-    if ids is not None and not (ids and isinstance(prompt[0], bool)):
-        return np.frombuffer(ids, dtype=np.int64)
+        packed = struct.pack(f"{len(prompt)}q", *prompt)
+    except struct.error:  # not integers, or beyond int64: NumPy says which
+        packed = None
+    if packed is not None and not (prompt and isinstance(prompt[0], bool)):
+        return np.frombuffer(packed, dtype=np.int64)
     ids = np.asarray(prompt)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         return None
