@@ -65,8 +65,8 @@ FULL = Sizes()
 QUICK = Sizes(16, 256, 16, 16, 4, 4, 16, 16, 4, max_num_batched_tokens=384)
 # The shared prefix warms up on the whole workload with prompts of its own (another prefix), so
 # that the timed run's steps (a prefill behind a cached prefix, a prefill beside many decodes)
-# have all run once: on an H100 the first full-size run's median TTFT was 18 ms longer than the
-# next two runs' on the same engine (perf/LOG.md, 2026-12-06).
+# have all run once: the first full-size run on an engine is slower than the next ones
+# (perf/LOG.md, 2026-12-06).
 WARM_UP_SEED = 99
 FIRST_STEPS = 12
 NANO_SEEDS = (0, 2)  # seed 1 is the warm-up's (tinyvllm.benchmark.nano_vllm_warm_up)

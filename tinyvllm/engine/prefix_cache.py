@@ -111,8 +111,8 @@ class PrefixCachingAllocator(BlockAllocator):
             for block_id in block_ids:
                 self._unowned.pop(block_id, None)
         if block_ids:  # one call, not one per block (a miss, the common case, makes none)
-            # distinct blocks, so an indexed increment counts each once: np.add.at, which counts
-            # repeats, and np.asarray of the list took 7 times as long for 128 blocks
+            # distinct blocks, so an indexed increment counts each once; np.add.at, which counts
+            # repeats, is several times slower (perf/LOG.md, 2026-12-07)
             self._ref_counts[np.fromiter(block_ids, np.intp, len(block_ids))] += 1
 
     # --8<-- [start:lookup]
