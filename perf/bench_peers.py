@@ -13,7 +13,9 @@ SmolLM2 runs the decode workload only (it is the latency model; the others are L
 Each engine runs in a child process of its own, one after the other, so that each holds
 the GPU's memory alone (both take 90% of it). The settings are the same where both have
 them: max_model_len 4096, max_num_seqs 256, gpu_memory_utilization 0.9, prefix caching on,
-CUDA graphs on. vLLM keeps its own step budget (max_num_batched_tokens), recorded in the JSON.
+CUDA graphs on. Each engine keeps its own step budget (max_num_batched_tokens) and its own
+default for cascade attention (disable_cascade_attn: vLLM's True, tinyvllm's False), both
+recorded in the JSON.
 
 vLLM is a peer, never a dependency: only this script's vLLM child imports it, from
 `--vllm-site` (a `pip install --no-deps --target` of ../shared/peers' wheels on the
@@ -72,6 +74,7 @@ class VllmPeer:
             **SETTINGS,
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
             "enforce_eager": config.model_config.enforce_eager,
+            "disable_cascade_attn": config.model_config.disable_cascade_attn,
             "vllm_version": self.version,
         }
 
@@ -88,7 +91,8 @@ def tinyvllm_engine(directory: Path, backend: str):
 
     llm = LLM(directory, backend=backend, **SETTINGS)
     config = llm.engine.engine_config
-    chosen = {"max_num_batched_tokens": config.max_num_batched_tokens, "enforce_eager": config.enforce_eager}
+    chosen = {"max_num_batched_tokens": config.max_num_batched_tokens, "enforce_eager": config.enforce_eager,
+              "disable_cascade_attn": config.disable_cascade_attn}  # fmt: skip
     settings = {**SETTINGS, **chosen}
     return llm, settings
 

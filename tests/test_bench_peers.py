@@ -65,7 +65,7 @@ def fake_vllm(monkeypatch):
             self.model, self.settings, self.calls = model, settings, []
             config = types.SimpleNamespace(
                 scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192),
-                model_config=types.SimpleNamespace(enforce_eager=False),
+                model_config=types.SimpleNamespace(enforce_eager=False, disable_cascade_attn=True),  # 0.26's default
             )
             self.llm_engine = types.SimpleNamespace(vllm_config=config)
 
@@ -95,6 +95,7 @@ def test_vllm_peer_gets_token_id_prompts_and_the_same_sampling(fake_vllm, tmp_pa
     assert use_tqdm is False
     settings = peer.settings()
     assert settings["max_num_batched_tokens"] == 8192 and settings["vllm_version"] == "0.0-test"
+    assert settings["disable_cascade_attn"] is True
 
 
 def test_a_vllm_that_cannot_import_is_recorded_and_tinyvllm_still_runs(tmp_path):

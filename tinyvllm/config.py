@@ -67,10 +67,12 @@ class EngineConfig:
             LINEAR_BACKENDS; "auto" picks by the step's shape).
         enforce_eager: run every step eagerly, capturing no CUDA graphs.
         enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before.
-        disable_cascade_attn: vLLM's option, on by default here: each decode sequence reads
-            its whole context. False lets the variant table read a prefix that many decode
-            sequences share once for all of them (cascade attention): on the H200 that won at
-            256 sequences and lost at 64 (perf/LOG.md, 2026-12-03 at 02bc63e).
+        disable_cascade_attn: vLLM's option. False (the default here; vLLM 0.26 defaults to
+            True, for caution): the variant table may have decode attention read a prefix that
+            many decode sequences share once for all of them (cascade attention), which it
+            chooses only where it was measured to win, from 192 sequences sharing 256 tokens
+            (backends/variants.py); it moves tokens only at near-ties. True: each decode
+            sequence reads its whole context.
         activation_dtype: with the numpy backend, how activations are stored: "bf16" or "float32".
         cpu_kv_cache_gib: with the numpy backend, the KV cache's size in GiB of host memory.
         dtype: the dtype of weights and activations, vLLM's option: "bfloat16", the only one
@@ -97,7 +99,7 @@ class EngineConfig:
     enforce_eager: bool = option(False, "no CUDA graphs")
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes seen before")
     disable_cascade_attn: bool = option(
-        True, "cuda: decode reads a prefix many sequences share once per sequence (off: once for all)"
+        False, "cuda: decode reads a prefix many sequences share once per sequence, never once for all"
     )
     activation_dtype: str = option("float32", "numpy: how activations are stored", choices=ACTIVATION_DTYPES)
     cpu_kv_cache_gib: float = option(1.0, "numpy: KV-cache size in GiB of host memory")
