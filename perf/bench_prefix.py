@@ -17,15 +17,17 @@ prefix_cache_queries, prompt tokens, over that workload), and the run the issue'
 ratios of cache on to off. Both engines take the engine's defaults, cascade attention
 allowed among them; the shared prefix runs a third time with the cache on and cascade
 attention off (`disable_cascade_attn=True`): what reading the shared prefix once for all
-decoding sequences is worth. `--quick` runs tiny
-sizes (with `--model tiny` and the NumPy backend it checks the script on a CPU).
-Results: perf/results/bench_prefix.json.
+decoding sequences is worth. Each engine runs in a child process of its own (CONFIGURATIONS).
+`--quick` runs tiny sizes (with `--model tiny` and the NumPy backend it checks the script on
+a CPU). Results: perf/results/bench_prefix.json.
 """
 
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -218,17 +220,22 @@ def with_hit_rate(engine: LLMEngine, run: Callable[[], dict]) -> dict:
     return result
 
 
+CONFIGURATIONS = {
+    "cache_on": (True, True, True),
+    "cache_off": (False, True, True),
+    "cache_on_cascade_off": (True, False, False),
+}
+"""The run's engines: name -> (prefix caching, cascade attention allowed, every workload or
+the shared prefix only). Each runs in a process of its own, one after the other: in one
+process the first engine's host work was slower than the later ones' (on an H100, admission
+28-30 ms against 18-19), which favoured whichever configuration came later."""
+CASCADE_ONLY = {"cascade_on": (True, True, False), "cascade_off": (True, False, False)}
+
+
 def run_all(
-    directory: Path,
-    backend: str,
-    sizes: Sizes,
-    caching: bool,
-    num_blocks: int | None,
-    cascade: bool = True,
-    only_shared: bool = False,
+    directory: Path, backend: str, sizes: Sizes, num_blocks: int | None, caching: bool, cascade: bool, every: bool
 ) -> dict:
-    """Every workload on one engine (cascade attention allowed, the engine's default); without
-    `cascade` (cascade attention off) or with `only_shared`, the shared prefix only."""
+    """One engine's workloads: the shared prefix, and with `every` the chat and nano-vllm too."""
     llm = LLM(directory, backend=backend, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=caching,
               num_blocks=num_blocks, max_num_batched_tokens=sizes.max_num_batched_tokens,
               disable_cascade_attn=not cascade)  # fmt: skip
@@ -237,12 +244,23 @@ def run_all(
     results = {
         "shared_prefix": with_hit_rate(engine, lambda: run_shared_prefix(engine, shared_prefix_workload(sizes, vocab)))
     }
-    if cascade and not only_shared:
+    if every:
         results["multi_turn"] = with_hit_rate(
             engine, lambda: run_conversations(engine, multi_turn_conversations(sizes, vocab))
         )
         results["nano_vllm"] = with_hit_rate(engine, lambda: nano_vllm_runs(llm, vocab, sizes.nano_requests))
     return results
+
+
+def run_child(name: str, argv: list[str]) -> dict:
+    """Configuration `name`'s results from a child process given this run's arguments."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "result.json"
+        command = [sys.executable, "-m", "perf.bench_prefix", *argv, "--child", name, str(out)]
+        done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"configuration {name} failed ({done.returncode}): {done.stderr[-3000:]}")
+        return json.loads(out.read_text())
 
 
 def bars(on: dict, off: dict) -> dict:
@@ -290,28 +308,30 @@ def main() -> None:
     )
     parser.add_argument("--max-num-batched-tokens", type=int, help="a step's token budget (default: the engine's)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs=2, metavar=("NAME", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     backend = args.backend if args.backend != "auto" else ("cuda" if has_cuda_gpu() else "numpy")
-    directory = model_dir(args.model)
     sizes = QUICK if args.quick else FULL
     if args.max_num_batched_tokens is not None:
         sizes = dataclasses.replace(sizes, max_num_batched_tokens=args.max_num_batched_tokens)
+    configurations = CASCADE_ONLY if args.cascade_only else CONFIGURATIONS
+    if args.child:
+        name, out = args.child
+        run = run_all(model_dir(args.model), backend, sizes, args.num_blocks, *configurations[name])
+        Path(out).write_text(json.dumps(run))
+        return
+    argv = ["--model", args.model, "--backend", backend]
+    for flag, value in (("--num-blocks", args.num_blocks), ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+        argv += [flag, str(value)] if value is not None else []
+    argv += ["--quick"] * args.quick + ["--cascade-only"] * args.cascade_only
     results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
-    if args.cascade_only:
-        for cascade in (True, False):
-            run = run_all(directory, backend, sizes, True, args.num_blocks, cascade=cascade, only_shared=True)
-            results[f"cascade_{'on' if cascade else 'off'}"] = shared = run["shared_prefix"]
-            ttft = shared["ttft_ms"]["p50"]
-            print(
-                f"cascade {'on' if cascade else 'off'}: {shared['output_tok_per_s']:.1f} tok/s, TTFT p50 {ttft:.1f} ms"
-            )
-    else:
-        for caching in (True, False):
-            results[f"cache_{'on' if caching else 'off'}"] = run_all(
-                directory, backend, sizes, caching, args.num_blocks
-            )
-        results["cache_on_cascade_off"] = run_all(directory, backend, sizes, True, args.num_blocks, cascade=False)
+    for name in configurations:
+        results[name] = run_child(name, argv)
+        if args.cascade_only:
+            shared = results[name]["shared_prefix"]
+            print(f"{name}: {shared['output_tok_per_s']:.1f} tok/s, TTFT p50 {shared['ttft_ms']['p50']:.1f} ms")
+    if not args.cascade_only:
         results["bars"] = bars(results["cache_on"], results["cache_off"])
         print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
