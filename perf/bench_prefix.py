@@ -227,8 +227,8 @@ CONFIGURATIONS = {
 }
 """The run's engines: name -> (prefix caching, cascade attention allowed, every workload or
 the shared prefix only). Each runs in a process of its own, one after the other: in one
-process the first engine's host work was slower than the later ones' (on an H100, admission
-28-30 ms against 18-19), which favoured whichever configuration came later."""
+process the first engine's host work was slower than the later ones', which favoured whichever
+configuration came later (perf/LOG.md, 2026-12-07)."""
 CASCADE_ONLY = {"cascade_on": (True, True, False), "cascade_off": (True, False, False)}
 
 
