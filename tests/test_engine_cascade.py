@@ -2,8 +2,9 @@
 leading blocks read them once for all, and their greedy tokens are those of the NumPy
 engine (the kernel itself: tests/test_attention_cascade.py).
 
-The variant table's thresholds are lowered so that a tiny batch takes the cascade path;
-under the simulator the kernels run eagerly, on the GPU through the decode graphs too.
+The engine runs with its default configuration, which allows cascade attention, and the
+variant table's thresholds are lowered so that a tiny batch takes the cascade path; under
+the simulator the kernels run eagerly, on the GPU through the decode graphs too.
 """
 
 import numpy as np
@@ -55,8 +56,7 @@ def test_sequences_sharing_cached_blocks_decode_through_cascade_attention_as_wit
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     reference = LLM(model, backend="numpy", activation_dtype="bf16", num_blocks=256, **limits)
     expected = [output.outputs[0].token_ids for output in reference.generate(prompts, params)]
-    llm = LLM(model, backend="cuda", num_blocks=256, enforce_eager=eager, disable_cascade_attn=False, **limits,
-              **cuda_limits)  # fmt: skip
+    llm = LLM(model, backend="cuda", num_blocks=256, enforce_eager=eager, **limits, **cuda_limits)  # cascade allowed
     cascade_calls.clear()  # the warm-up's
     llm.generate(prompts[:1], params)  # caches the prefix: the others' prompts find it
     actual = [output.outputs[0].token_ids for output in llm.generate(prompts[1:], params)]
