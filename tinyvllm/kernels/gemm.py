@@ -156,6 +156,14 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
 
     thread_copies, stage_operand, source_view = copy_functions(shape, stage_chunk)
+    a_count, b_count = BLOCK_M // rows_per_pass, block_n // rows_per_pass  # a thread's chunks of each slice
+
+    @cuda.jit(device=True, inline=True)
+    def stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0):
+        """Start this thread's copies of the slice at fill_k0 into stage `fill`."""
+        k_live = fill_k0 + col < k
+        stage_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0, k_live)
+        stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0, k_live)
 
     @cuda.jit(**launch_bounds(THREADS, shape.blocks_per_sm))
     def gemm(x, weight, out):
@@ -196,38 +204,34 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         # lanes of a warp, so the warp-collective instructions stay convergent
         live_m = min(max(np.int64(out.shape[0]) - (m0 + warp_m) + MMA_M - 1, 0) // MMA_M, TILES_M)
         live_n = min(max(width - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, tiles_n)
-        interior = uniform and live_m == TILES_M and live_n == tiles_n
         k = np.uint32(x.shape[1])
         num_steps = (k + np.uint32(block_k - 1)) // np.uint32(block_k)
+        # the steps that take the branch-free path: all of a warp's tiles inside Y, the slice inside K
+        whole_steps = k // np.uint32(block_k) if uniform and live_m == TILES_M and live_n == tiles_n else np.uint32(0)
         x_source, w_source = source_view(x), source_view(weight)
-        a_copies = thread_copies(np.uint32(x.shape[0]), m0, copy_row, copy_chunk, k, BLOCK_M // rows_per_pass)
-        b_copies = thread_copies(np.uint32(weight.shape[0]), n0, copy_row, copy_chunk, k, block_n // rows_per_pass)
+        a_copies = thread_copies(np.uint32(x.shape[0]), m0, copy_row, copy_chunk, k, a_count)
+        b_copies = thread_copies(np.uint32(weight.shape[0]), n0, copy_row, copy_chunk, k, b_count)
         col = copy_chunk * np.uint32(VECTOR)
-        # stages are counted, not taken modulo `stages`: a 64-bit remainder is a dozen instructions
+        # 32-bit counters, and stages counted, not taken modulo: Numba's loop index and a
+        # remainder by 3 are 64-bit arithmetic in every step
         fill, fill_k0 = np.uint32(0), np.uint32(0)
         for s in range(stages - 1):
             if s < num_steps:
-                stage_operand(a_tiles, fill * stage_a, x_source, a_copies, BLOCK_M // rows_per_pass, col, fill_k0,
-                              fill_k0 + col < k)  # fmt: skip
-                stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, block_n // rows_per_pass, col,
-                              fill_k0, fill_k0 + col < k)  # fmt: skip
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()  # empty groups too: the wait below counts groups
             fill, fill_k0 = np.uint32(fill + np.uint32(1)), np.uint32(fill_k0 + np.uint32(block_k))
-        stage = np.uint32(0)
-        for step in range(num_steps):
+        step, stage = np.uint32(0), np.uint32(0)
+        while step < num_steps:
             cp_async_wait(pending)
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
-            if step + np.uint32(stages - 1) < num_steps:
-                stage_operand(a_tiles, fill * stage_a, x_source, a_copies, BLOCK_M // rows_per_pass, col, fill_k0,
-                              fill_k0 + col < k)  # fmt: skip
-                stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, block_n // rows_per_pass, col,
-                              fill_k0, fill_k0 + col < k)  # fmt: skip
+            if np.uint32(step + np.uint32(stages - 1)) < num_steps:
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()
             fill = np.uint32(fill + np.uint32(1)) if fill < np.uint32(stages - 1) else np.uint32(0)
             fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
             a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
             stage = np.uint32(stage + np.uint32(1)) if stage < np.uint32(stages - 1) else np.uint32(0)
-            if interior and (step + 1) * block_k <= k:
+            if step < whole_steps:
                 multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
             else:
                 for kk in range(block_k // MMA_K):
@@ -235,6 +239,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
                         a_offset = a_base + VECTOR * ((2 * kk) ^ a_chunk)
                         b_offset = b_base + VECTOR * ((2 * kk) ^ b_chunk)
                         multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n)
+            step = np.uint32(step + np.uint32(1))
 
         g, t = lane // 4, lane % 4
         for mi in range(TILES_M):
