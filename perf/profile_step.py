@@ -1,7 +1,7 @@
 """Where a decode step's time goes: GPU time per operator, graph replay, host overhead.
 
     python -m perf.profile_step [--model llama-1b] [--batches 1 64 256] [--context 512]
-                                [--shared-prefix N [--cascade]]
+                                [--shared-prefix N [--no-cascade]]
 
 For each batch size B the engine admits B requests of `context` random prompt tokens (as
 `LLM.generate` does: outputs reported when finished) and runs their prefills; from then
@@ -21,8 +21,9 @@ on every step is a decode step of B sequences. Then:
   cProfile of the same steps names the host functions that take the time.
 
 With `--shared-prefix N` every prompt starts with the same N tokens, which the prefix cache
-hands every request as the same blocks; `--cascade` lets decode read them once for all
-sequences (`disable_cascade_attn=False`). Results: perf/results/profile_step.json.
+hands every request as the same blocks, and decode reads them once for all sequences where
+the variant table chooses cascade attention (the engine's default); `--no-cascade` has each
+sequence read them itself (`disable_cascade_attn=True`). Results: perf/results/profile_step.json.
 """
 
 import argparse
@@ -209,7 +210,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--num-blocks", type=int, default=20000)
     parser.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
-    parser.add_argument("--cascade", action="store_true", help="decode reads the shared prefix once for all")
+    parser.add_argument("--no-cascade", action="store_true", help="decode reads a shared prefix once per sequence")
     args = parser.parse_args()
 
     if not 0 <= args.shared_prefix < args.context:
@@ -218,7 +219,7 @@ def main() -> None:
         model_dir(args.model),
         max_model_len=max(2048, args.context + 5 * REPEATS + 8),
         num_blocks=args.num_blocks,
-        disable_cascade_attn=not args.cascade,
+        disable_cascade_attn=args.no_cascade,
     )
     rng = np.random.default_rng(0)
     runs = [profile_batch(engine, batch, args.context, args.shared_prefix, rng) for batch in args.batches]

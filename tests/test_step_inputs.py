@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.random_llama import TINY_OVERRIDES, make_random_llama_dir
 from tinyvllm import LLM, SamplingParams
@@ -21,7 +23,7 @@ from tinyvllm.config import ResolvedEngineConfig
 from tinyvllm.engine.cuda_graphs import pad_decode_step
 from tinyvllm.engine.scheduled_batch import ScheduledBatch
 from tinyvllm.engine.sequence import Sequence
-from tinyvllm.engine.step_inputs import HostStep, StepBuffers, build_step, empty_step
+from tinyvllm.engine.step_inputs import HostStep, StepBuffers, build_step, empty_step, shared_prefix_tokens
 from tinyvllm.model.step_fields import STEP_FIELD_NAMES, STEP_FIELDS, StepInputs
 
 LIMITS = ResolvedEngineConfig(block_size=4, max_num_seqs=6, max_num_batched_tokens=40, max_model_len=20)
@@ -193,6 +195,30 @@ def test_shared_prefix_is_the_whole_blocks_every_decode_row_holds_before_its_las
     refused = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, lambda *_: False)
     unasked = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS)
     assert refused.shared_prefix_len.tolist() == unasked.shared_prefix_len.tolist() == [0]
+
+
+@given(
+    rows=st.integers(2, 6),
+    common=st.integers(0, 6),
+    lens=st.lists(st.integers(1, 24), min_size=6, max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_shared_prefix_tokens_equals_a_column_by_column_walk(rows, common, lens, seed):
+    """Random block tables, wide enough for their contexts as the engine's are, whose first
+    `common` columns agree (past them rows may differ anywhere, the first column included when
+    common is 0), against a walk over whole blocks that stops at the first column the rows
+    disagree on or at the block of the shortest context's last token."""
+    block_size, context_lens = 4, np.array(lens[:rows], np.int32)
+    rng = np.random.default_rng(seed)
+    width = -(-int(context_lens.max()) // block_size)
+    tables = rng.integers(0, 3, (rows, width)).astype(np.int32)  # few ids: rows agree by chance too
+    tables[:, :common] = tables[0, :common]
+    expected = 0
+    while (expected + 1) * block_size <= context_lens.min() - 1:
+        if not (tables[:, expected] == tables[0, expected]).all():
+            break
+        expected += 1
+    assert shared_prefix_tokens(tables, context_lens, block_size) == expected * block_size
 
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,8 @@ def shared_prefix_tokens(block_tables: np.ndarray, context_lens: np.ndarray, blo
     prefix cache gave them the same blocks): whole blocks, all before each row's last token,
     whose block is the row's own."""
     blocks = int(context_lens.min() - 1) // block_size
+    if blocks == 0 or not (block_tables[1:, 0] == block_tables[0, 0]).all():
+        return 0  # most steps share nothing, and the first column says so at a fraction of the cost
     same = (block_tables[1:, :blocks] == block_tables[0, :blocks]).all(axis=0)
     return (blocks if same.all() else int(np.argmin(same))) * block_size
 
