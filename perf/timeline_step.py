@@ -11,10 +11,11 @@ The exposed times add up to the graph's span.
 
 The GPU's own start and end of every kernel come from CUPTI through torch's profiler
 (torch measures here, as it is the peer in `bench_decode`; the engine never imports it).
-For each context the engine decodes `batch` sequences of that context (distinct random prompts),
-the graph of that batch's bucket is replayed REPLAYS times under the profiler, and each kernel's exposed time is the median over the
-replays. Kernels are named by their Python function, Numba's specialization tag and launch shape;
-the table sums each name over the step. Results: perf/results/timeline_step.json.
+For each context the engine decodes `batch` sequences of that context (distinct random
+prompts), the graph of that batch's bucket is replayed REPLAYS times under the profiler, and
+each kernel's exposed time is the median over the replays. Kernels are named by their Python
+function, Numba's specialization tag and launch shape; the table sums each name over the step.
+Results: perf/results/timeline_step.json.
 """
 
 import argparse
@@ -145,7 +146,8 @@ def main() -> None:
     args = parser.parse_args()
     runs = [profile_context(args.model, context, args.batch) for context in args.contexts]
     for run in runs:
-        print(f"\nbatch {run['batch']}, context {run['context']}: graph span {run['span_us']:.1f} us, {len(run['chain'])} kernels")
+        span = f"graph span {run['span_us']:.1f} us, {len(run['chain'])} kernels"
+        print(f"\nbatch {run['batch']}, context {run['context']}: {span}")
         print(f"{'kernel (grid x block)':<40} {'launches':>8} {'exposed us':>10} {'us/launch':>9} {'share':>6}")
         for row in run["kernels"]:
             print(
