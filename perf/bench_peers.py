@@ -28,12 +28,11 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from perf.bench_prefix import FULL, QUICK, WARM_UP_SEED, Sizes, shared_prefix_workload
+from perf.child import child_json
 from perf.models import model_dir
 from tinyvllm.benchmark import decode_latency, nano_vllm_warm_up, nano_vllm_workload, prefill_throughput, throughput
 from tinyvllm.hardware import has_cuda_gpu
@@ -151,16 +150,17 @@ def run_child(engine: str, model: str, vllm_site: Path | None, quick: bool, work
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"  # flashinfer's sampler JIT-builds at first use
         if vllm_site is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(vllm_site), env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "result.json"
-        command = [sys.executable, "-m", "perf.bench_peers", "--child", engine, model, str(out)]
-        command += ["--quick"] if quick else []
-        command += ["--workloads", *workloads]
-        done = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
-        sys.stderr.write(done.stderr[-4000:])
-        if done.returncode != 0 or not out.exists():
-            return {"failed": {"returncode": done.returncode, "stderr_tail": done.stderr[-3000:]}}
-        return json.loads(out.read_text())
+
+    def command(out: Path) -> list[str]:
+        quick_flag = ["--quick"] if quick else []
+        return [sys.executable, "-m", "perf.bench_peers", "--child", engine, model, str(out), *quick_flag,
+                "--workloads", *workloads]  # fmt: skip
+
+    done, result = child_json(command, env)
+    sys.stderr.write(done.stderr[-4000:])
+    if result is None:
+        return {"failed": {"returncode": done.returncode, "stderr_tail": done.stderr[-3000:]}}
+    return result
 
 
 def headline(engines: dict, engine: str, workload: str) -> float | None:

@@ -25,9 +25,7 @@ a CPU). Results: perf/results/bench_prefix.json.
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.child import child_json
 from perf.latency import CollectorTime, summary
 from perf.models import model_dir
 from tinyvllm.benchmark import Workload, nano_vllm_workload, throughput
@@ -254,13 +253,10 @@ def run_all(
 
 def run_child(name: str, argv: list[str]) -> dict:
     """Configuration `name`'s results from a child process given this run's arguments."""
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "result.json"
-        command = [sys.executable, "-m", "perf.bench_prefix", *argv, "--child", name, str(out)]
-        done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"configuration {name} failed ({done.returncode}): {done.stderr[-3000:]}")
-        return json.loads(out.read_text())
+    done, result = child_json(lambda out: [sys.executable, "-m", "perf.bench_prefix", *argv, "--child", name, str(out)])
+    if result is None:
+        raise RuntimeError(f"configuration {name} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return result
 
 
 def bars(on: dict, off: dict) -> dict:

@@ -1,6 +1,6 @@
 """A decode graph's critical path, kernel by kernel: what each kernel adds to the step.
 
-    python -m perf.timeline_step [--model llama-1b] [--contexts 128 384 1000]
+    python -m perf.timeline_step [--model llama-1b] [--contexts 128 384 1000] [--batch 1]
 
 Under programmatic dependent launch (`tinyvllm/kernels/device/pdl.py`) a kernel starts while the
 one ahead of it still runs, so its own duration overstates what it adds to the step, and
@@ -11,10 +11,11 @@ The exposed times add up to the graph's span.
 
 The GPU's own start and end of every kernel come from CUPTI through torch's profiler
 (torch measures here, as it is the peer in `bench_decode`; the engine never imports it).
-For each context the engine decodes one sequence, its batch-1 graph is replayed
-REPLAYS times under the profiler, and each kernel's exposed time is the median over the
-replays. Kernels are named by their Python function, Numba's specialization tag and launch shape;
-the table sums each name over the step. Results: perf/results/timeline_step.json.
+For each context the engine decodes `batch` sequences of that context (distinct random
+prompts), the graph of that batch's bucket is replayed REPLAYS times under the profiler, and
+each kernel's exposed time is the median over the replays. Kernels are named by their Python
+function, Numba's specialization tag and launch shape; the table sums each name over the step.
+Results: perf/results/timeline_step.json.
 """
 
 import argparse
@@ -51,8 +52,8 @@ def kernel_label(event: dict) -> str:
     return f"{function}{tag} {grid}x{event['args']['block'][0]}"
 
 
-def replay_kernels(engine: LLMEngine) -> list[list[dict]]:
-    """The kernel events of REPLAYS replays of the batch-1 decode graph, one list per replay."""
+def replay_kernels(engine: LLMEngine, bucket: int) -> list[list[dict]]:
+    """The kernel events of REPLAYS replays of one bucket's decode graph, one list per replay."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -63,7 +64,7 @@ def replay_kernels(engine: LLMEngine) -> list[list[dict]]:
         for _ in range(REPLAYS):
             backend.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-                backend.launch_graph(graphs.graphs[1, PLAIN_SAMPLER, False])
+                backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, False])
                 backend.synchronize()
             trace = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(trace))
@@ -116,25 +117,37 @@ def by_kernel(chain: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda row: -row["exposed_us"])
 
 
-def profile_context(model: str, context: int) -> dict:
-    engine = LLMEngine(model_dir(model), max_model_len=2048, num_blocks=2000, max_num_seqs=1)
-    prompt = np.random.default_rng(0).integers(0, engine.config.vocab_size, context).tolist()
-    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True), final_only=True)
+def profile_context(model: str, context: int, batch: int) -> dict:
+    blocks_per_sequence = -(-(context + 64) // 16)
+    engine = LLMEngine(
+        model_dir(model),
+        max_model_len=2048,
+        num_blocks=max(2000, batch * blocks_per_sequence + 64),
+        max_num_seqs=batch,
+        disable_cascade_attn=True,
+    )
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(rng.integers(0, engine.config.vocab_size, context).tolist(), params, final_only=True)
     run_prefills(engine)
     for _ in range(4):
         engine.step()
-    chain, span = exposed_times(replay_kernels(engine))
-    return {"context": context, "span_us": span, "kernels": by_kernel(chain), "chain": chain}
+    bucket = next(size for size in engine.runner.graphs.buckets if size >= batch)
+    chain, span = exposed_times(replay_kernels(engine, bucket))
+    return {"context": context, "batch": batch, "span_us": span, "kernels": by_kernel(chain), "chain": chain}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-1b")
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 384, 1000])
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     args = parser.parse_args()
-    runs = [profile_context(args.model, context) for context in args.contexts]
+    runs = [profile_context(args.model, context, args.batch) for context in args.contexts]
     for run in runs:
-        print(f"\ncontext {run['context']}: graph span {run['span_us']:.1f} us, {len(run['chain'])} kernels")
+        span = f"graph span {run['span_us']:.1f} us, {len(run['chain'])} kernels"
+        print(f"\nbatch {run['batch']}, context {run['context']}: {span}")
         print(f"{'kernel (grid x block)':<40} {'launches':>8} {'exposed us':>10} {'us/launch':>9} {'share':>6}")
         for row in run["kernels"]:
             print(
