@@ -252,7 +252,8 @@ def run_all(
 
 
 def run_child(name: str, argv: list[str]) -> dict:
-    """Configuration `name`'s results from a child process given this run's arguments."""
+    """Configuration `name`'s results from a child process given this run's arguments (the
+    child runs only `name` and writes to the file `--child` names, not to `--out`)."""
     done, result = child_json(lambda out: [sys.executable, "-m", "perf.bench_prefix", *argv, "--child", name, str(out)])
     if result is None:
         raise RuntimeError(f"configuration {name} failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -317,13 +318,9 @@ def main() -> None:
         run = run_all(model_dir(args.model), backend, sizes, args.num_blocks, *configurations[name])
         Path(out).write_text(json.dumps(run))
         return
-    argv = ["--model", args.model, "--backend", backend]
-    for flag, value in (("--num-blocks", args.num_blocks), ("--max-num-batched-tokens", args.max_num_batched_tokens)):
-        argv += [flag, str(value)] if value is not None else []
-    argv += ["--quick"] * args.quick + ["--cascade-only"] * args.cascade_only
     results = {"model": args.model, "backend": backend, "sizes": dataclasses.asdict(sizes)}
     for name in configurations:
-        results[name] = run_child(name, argv)
+        results[name] = run_child(name, sys.argv[1:])
         if args.cascade_only:
             shared = results[name]["shared_prefix"]
             print(f"{name}: {shared['output_tok_per_s']:.1f} tok/s, TTFT p50 {shared['ttft_ms']['p50']:.1f} ms")

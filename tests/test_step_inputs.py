@@ -191,10 +191,26 @@ def test_shared_prefix_is_the_whole_blocks_every_decode_row_holds_before_its_las
 
     step = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, reads_shared_prefix)
     assert step.shared_prefix_len.tolist() == [shared]
-    assert asked == ([(len(tables), shared)] if shared else [])
+    bound = [(len(tables), min(lens) - 1)] if len(tables) > 1 else []  # the most the rows could share
+    assert asked == bound + ([(len(tables), shared)] if shared else [])
     refused = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, lambda *_: False)
     unasked = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS)
     assert refused.shared_prefix_len.tolist() == unasked.shared_prefix_len.tolist() == [0]
+
+
+def test_a_batch_refused_at_the_most_it_could_share_is_not_tested_further():
+    """The predicate is asked first with the shortest context less its last token: a no there
+    (too few sequences for cascade attention at any length) ends the question."""
+    asked = []
+
+    def reads_shared_prefix(num_decode, tokens):
+        asked.append((num_decode, tokens))
+        return num_decode >= 3
+
+    tables, lens = [[3, 4, 5], [3, 4, 9]], [12, 12]
+    step = build_step(_sharing_batch(tables, lens), LIMITS.block_size, MAX_BLOCKS, None, reads_shared_prefix)
+    assert step.shared_prefix_len.tolist() == [0]
+    assert asked == [(2, 11)]
 
 
 @given(

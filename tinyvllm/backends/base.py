@@ -224,7 +224,9 @@ class Memory(Protocol):
 
     def decode_reads_shared_prefix(self, num_seqs: int, shared_tokens: int) -> bool:
         """Whether `decode_attention` over num_seqs sequences whose first shared_tokens tokens
-        are in the same blocks should be given shared_prefix_len: where it is faster."""
+        are in the same blocks should be given shared_prefix_len: where it is faster. Never
+        yes for fewer shared tokens where it is no for more: a step asks first with the most
+        its sequences could share, and skips looking for a shared prefix on a no."""
 
     def sample_scratch(self, max_rows: int, vocab: int) -> Scratch:
         """`sample`'s scratch, for up to max_rows rows of `vocab` logits."""

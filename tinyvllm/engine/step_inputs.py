@@ -58,7 +58,8 @@ def build_step(
     none); None: no sequence reads one, and the penalty fields hold their neutral pads.
     reads_shared_prefix(num_decode, shared_tokens): whether decode attention should read
     the decode sequences' shared prefix once for all of them (the backend's
-    `decode_reads_shared_prefix`); None: never, and `shared_prefix_len` is 0.
+    `decode_reads_shared_prefix`, never yes to fewer shared tokens where it is no to more);
+    None: never, and `shared_prefix_len` is 0.
 
     Each scheduled sequence computes tokens [start, start + n) of its token list, where
     start = num_computed_tokens; the last of them samples if the batch says so. A decode
@@ -87,8 +88,14 @@ def build_step(
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
     slot_mapping = block_tables[seq_of_row, positions // block_size] * block_size + positions % block_size
     shared = 0
-    if reads_shared_prefix is not None and batch.num_decodes > 1:
-        decodes = slice(0, batch.num_decodes)
+    decodes = slice(0, batch.num_decodes)
+    # asked first with the most the decodes could share: a batch too small for cascade
+    # attention at any length skips the test of its block tables
+    if (
+        reads_shared_prefix is not None
+        and batch.num_decodes > 1
+        and reads_shared_prefix(batch.num_decodes, int(ends[decodes].min()) - 1)
+    ):
         shared = shared_prefix_tokens(block_tables[decodes], ends[decodes], block_size)
         if shared and not reads_shared_prefix(batch.num_decodes, shared):
             shared = 0
