@@ -6,6 +6,7 @@ vLLM is not installed here: a stand-in `vllm` module records what the adapter ha
 import json
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -20,13 +21,15 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 class RecordingLLM:
     """Stands in for an LLM: each generate's prompts are recorded, and every request gets the
-    number of tokens it asked for."""
+    number of tokens it asked for, 0.1 ms a token (`decode_latency` divides by the time more
+    tokens take over one; instant calls could take exactly as long and divide by zero)."""
 
     def __init__(self) -> None:
         self.calls: list[list[tuple[int, ...]]] = []
 
     def generate(self, prompts, params, use_tqdm=False):
         self.calls.append([tuple(p) for p in prompts])
+        time.sleep(1e-4 * sum(p.max_tokens for p in params))
         completion = types.SimpleNamespace
         return [types.SimpleNamespace(outputs=[completion(token_ids=[0] * p.max_tokens)]) for p in params]
 
