@@ -32,11 +32,15 @@ from perf.models import model_dir
 from perf.profile_step import run_prefills
 from perf.timing import result_header
 from tinyvllm.backends.sampler_options import PLAIN_SAMPLER
+from tinyvllm.config import EngineConfig
+from tinyvllm.engine.block_manager import blocks_needed
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "timeline_step.json"
 REPLAYS = 5
+NEW_TOKENS = 64
+"""Tokens each sequence may decode: the steps before the profile and the KV blocks they need."""
 
 
 def kernel_label(event: dict) -> str:
@@ -118,16 +122,16 @@ def by_kernel(chain: list[dict]) -> list[dict]:
 
 
 def profile_context(model: str, context: int, batch: int) -> dict:
-    blocks_per_sequence = -(-(context + 64) // 16)
+    blocks_per_sequence = blocks_needed(context + NEW_TOKENS, EngineConfig().block_size)
     engine = LLMEngine(
         model_dir(model),
         max_model_len=2048,
-        num_blocks=max(2000, batch * blocks_per_sequence + 64),
+        num_blocks=max(2000, batch * blocks_per_sequence + 64),  # a little room past the exact need
         max_num_seqs=batch,
         disable_cascade_attn=True,
     )
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for _ in range(batch):
         engine.add_request(rng.integers(0, engine.config.vocab_size, context).tolist(), params, final_only=True)
     run_prefills(engine)
