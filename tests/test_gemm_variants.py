@@ -159,7 +159,8 @@ def test_variant_compiles_without_spills(name):
     from numba import types
 
     from perf.experiments.mma_sass import compile_for_sm90
-    from tinyvllm.kernels.gemm import gemm_kernel, stage_chunk_async, store_bf16, store_bf16x2
+    from tinyvllm.kernels.gemm import gemm_kernel, store_bf16, store_bf16x2
+    from tinyvllm.kernels.gemm_copies import stage_chunk_async
 
     shape, tile = VARIANTS[name], types.uint16[:, ::1]
     store, out = (store_bf16x2, types.uint32[:, ::1]) if shape.packed else (store_bf16, tile)

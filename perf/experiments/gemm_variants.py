@@ -34,7 +34,8 @@ from numba.core.errors import NumbaError
 from numba.cuda.cudadrv.driver import CudaAPIError, LinkerError
 
 from tinyvllm.kernels.device.simulator import SIMULATOR
-from tinyvllm.kernels.gemm import gemm, gemm_kernel, stage_chunk_async, store_bf16, store_bf16x2, store_f32
+from tinyvllm.kernels.gemm import gemm, gemm_kernel, store_bf16, store_bf16x2, store_f32
+from tinyvllm.kernels.gemm_copies import stage_chunk_async
 from tinyvllm.kernels.gemm_tiles import GemmShape
 from tinyvllm.kernels.reference import from_bf16, to_bf16
 

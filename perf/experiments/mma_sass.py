@@ -29,7 +29,8 @@ from perf.experiments.mma_gemm import mma_gemm_kernel
 from tests.test_mma import mma_kernel, staged_kernel
 from tests.test_mma_f16 import chained_f16_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
-from tinyvllm.kernels.gemm import gemm_kernel, stage_chunk_async, store_bf16
+from tinyvllm.kernels.gemm import gemm_kernel, store_bf16
+from tinyvllm.kernels.gemm_copies import stage_chunk_async
 
 COMPUTE_CAPABILITY = (9, 0)
 TILE = types.uint16[:, ::1]

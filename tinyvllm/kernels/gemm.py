@@ -24,11 +24,13 @@ The slices come in by cp.async, global to shared with no register in between, in
 of three stages. At the top of step s the block waits for its copies of slice s and meets at
 a barrier, which also tells it that every warp is done reading slice s - 1's stage; it then
 starts the copies of slice s + 2 into that stage and multiplies slice s while those of s + 1
-and s + 2 fly. One barrier a step. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of
-static shared memory: the tiles are dynamic shared memory, which the kernel opts in to
-(`gemm_tiles.allow_dynamic_shared`). A warp wholly inside Y multiplies a whole slice with no
-branch among its loads and mmas; blocks go out in groups of 8 tile rows, so that the blocks
-resident at once share W's tiles in L2; the bf16 store writes two outputs as one word.
+and s + 2 fly. One barrier a step. Each thread works its copies out once, before the K loop
+(`gemm_copies.py`), and the stages are counted, not taken modulo: in the loop a copy costs a
+few adds. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of static shared memory: the
+tiles are dynamic shared memory, which the kernel opts in to (`gemm_tiles.allow_dynamic_shared`).
+A warp wholly inside Y multiplies a whole slice with no branch among its loads and mmas;
+blocks go out in groups of 8 tile rows, so that the blocks resident at once share W's tiles
+in L2; the bf16 store writes two outputs as one word.
 
 Ragged edges: a chunk (8 elements of a row) past M, N or K is stored as zeros, and the
 epilogue writes only elements inside Y. When K is a multiple of 8 and both operands start
@@ -55,14 +57,14 @@ from tinyvllm.kernels.device.mma import (
     MMA_M,
     MMA_N,
     WARP,
-    cp_async_16_zfill,
     cp_async_commit,
     cp_async_wait,
     ldmatrix_x4,
 )
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
-from tinyvllm.kernels.device.vector_io import ALIGNMENT_BYTES, VECTOR, data_address
+from tinyvllm.kernels.device.vector_io import VECTOR, data_address
+from tinyvllm.kernels.gemm_copies import copy_functions, rows_of_eight, stage_chunk_async, stage_chunk_ragged
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into, store_bf16x2
 
 BLOCK_M, THREADS, TILES_M = tiles.BLOCK_M, tiles.THREADS, tiles.TILES_M
@@ -112,45 +114,6 @@ def store_for(out, accumulate: bool):
     return add_bf16 if accumulate else STORES[np.dtype(out.dtype)]
 
 
-@cuda.jit(device=True, inline=True)
-def _element(array, row, col):
-    if row < array.shape[0] and col < array.shape[1]:
-        return np.uint32(array[row, col])
-    return np.uint32(0)
-
-
-@cuda.jit(device=True, inline=True)
-def _pair(array, row, col):
-    return _element(array, row, col) | np.uint32(_element(array, row, col + 1) << np.uint32(16))
-
-
-@cuda.jit(device=True, inline=True)
-def read_chunk_ragged(array, row, col):
-    """Chunk (row, col:col+8) element by element, for any K and alignment; zeros past the edge."""
-    return _pair(array, row, col), _pair(array, row, col + 2), _pair(array, row, col + 4), _pair(array, row, col + 6)
-
-
-def rows_of_eight(*arrays) -> bool:
-    """Whether every row of these bf16 matrices can be read in 16-byte chunks."""
-    return all(a.shape[1] % VECTOR == 0 and data_address(a) % ALIGNMENT_BYTES == 0 for a in arrays)
-
-
-@cuda.jit(device=True, inline=True)
-def stage_chunk_async(tiles, offset, array, row, col):
-    """Chunk (row, col:col+8) into tiles[offset:offset+8] by cp.async, zeros past the edge
-    (rows of eight: all in or all out)."""
-    inside = row < array.shape[0] and col < array.shape[1]
-    source = array[min(row, array.shape[0] - 1)]  # a real row even when none of it is read
-    cp_async_16_zfill(tiles, offset, source, col if inside else 0, inside)
-
-
-@cuda.jit(device=True, inline=True)
-def stage_chunk_ragged(tiles, offset, array, row, col):
-    """The same chunk gathered element by element (any K and alignment) and stored by the thread."""
-    for i in range(VECTOR):
-        tiles[offset + i] = np.uint16(_element(array, row, col + i))
-
-
 @functools.cache
 def _k16_multiplier(shape: GemmShape):
     """The checked 16 of K for one shape (the branch-free slice: `gemm_tiles.slice_multiplier`)."""
@@ -192,19 +155,15 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     store_pair = tiles.pair_store(store)
     multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
 
+    thread_copies, stage_operand, source_view = copy_functions(shape, stage_chunk)
+    a_count, b_count = BLOCK_M // rows_per_pass, block_n // rows_per_pass  # a thread's chunks of each slice
+
     @cuda.jit(device=True, inline=True)
-    def stage_slices(a_tiles, b_tiles, stage, x, weight, m0, n0, k0, copy_row, copy_chunk):
-        """Start this thread's copies of X[m0:, k0:k0+block_k] and W[n0:, ...] into `stage`."""
-        col = copy_chunk * VECTOR
-        for p in range(BLOCK_M // rows_per_pass):
-            row = copy_row + p * rows_per_pass
-            slot = tiles.chunk_slot_device(row, copy_chunk, shift, mask)
-            stage_chunk(a_tiles, stage * stage_a + row * row_stride + slot * VECTOR, x, m0 + row, k0 + col)
-        for p in range(block_n // rows_per_pass):
-            row = copy_row + p * rows_per_pass
-            slot = tiles.chunk_slot_device(row, copy_chunk, shift, mask)
-            offset = b_start + stage * stage_b + row * row_stride + slot * VECTOR
-            stage_chunk(b_tiles, offset, weight, n0 + row, k0 + col)
+    def stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0):
+        """Start this thread's copies of the slice at fill_k0 into stage `fill`."""
+        k_live = fill_k0 + col < k
+        stage_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0, k_live)
+        stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0, k_live)
 
     @cuda.jit(**launch_bounds(THREADS, shape.blocks_per_sm))
     def gemm(x, weight, out):
@@ -245,23 +204,34 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         # lanes of a warp, so the warp-collective instructions stay convergent
         live_m = min(max(np.int64(out.shape[0]) - (m0 + warp_m) + MMA_M - 1, 0) // MMA_M, TILES_M)
         live_n = min(max(width - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, tiles_n)
-        interior = uniform and live_m == TILES_M and live_n == tiles_n
-        k = x.shape[1]
-        num_steps = (k + block_k - 1) // block_k
+        k = np.uint32(x.shape[1])
+        num_steps = (k + np.uint32(block_k - 1)) // np.uint32(block_k)
+        # the steps that take the branch-free path: all of a warp's tiles inside Y, the slice inside K
+        whole_steps = k // np.uint32(block_k) if uniform and live_m == TILES_M and live_n == tiles_n else np.uint32(0)
+        x_source, w_source = source_view(x), source_view(weight)
+        a_copies = thread_copies(np.uint32(x.shape[0]), m0, copy_row, copy_chunk, k, a_count)
+        b_copies = thread_copies(np.uint32(weight.shape[0]), n0, copy_row, copy_chunk, k, b_count)
+        col = copy_chunk * np.uint32(VECTOR)
+        # 32-bit counters, and stages counted, not taken modulo: Numba's loop index and a
+        # remainder by 3 are 64-bit arithmetic in every step
+        fill, fill_k0 = np.uint32(0), np.uint32(0)
         for s in range(stages - 1):
             if s < num_steps:
-                stage_slices(a_tiles, b_tiles, s, x, weight, m0, n0, s * block_k, copy_row, copy_chunk)
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()  # empty groups too: the wait below counts groups
-        for step in range(num_steps):
+            fill, fill_k0 = np.uint32(fill + np.uint32(1)), np.uint32(fill_k0 + np.uint32(block_k))
+        step, stage = np.uint32(0), np.uint32(0)
+        while step < num_steps:
             cp_async_wait(pending)
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
-            ahead = step + stages - 1
-            if ahead < num_steps:
-                stage_slices(a_tiles, b_tiles, ahead % stages, x, weight, m0, n0, ahead * block_k, copy_row, copy_chunk)
+            if np.uint32(step + np.uint32(stages - 1)) < num_steps:
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()
-            stage = step % stages
+            fill = np.uint32(fill + np.uint32(1)) if fill < np.uint32(stages - 1) else np.uint32(0)
+            fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
             a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
-            if interior and (step + 1) * block_k <= k:
+            stage = np.uint32(stage + np.uint32(1)) if stage < np.uint32(stages - 1) else np.uint32(0)
+            if step < whole_steps:
                 multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
             else:
                 for kk in range(block_k // MMA_K):
@@ -269,6 +239,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
                         a_offset = a_base + VECTOR * ((2 * kk) ^ a_chunk)
                         b_offset = b_base + VECTOR * ((2 * kk) ^ b_chunk)
                         multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n)
+            step = np.uint32(step + np.uint32(1))
 
         g, t = lane // 4, lane % 4
         for mi in range(TILES_M):
@@ -289,7 +260,9 @@ def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape
     """out[M, N] = x[M, K] @ weight[N, K]^T with the tiled kernel (any shape; best for large M);
     with `accumulate`, out += the product. `shape`: the tile configuration (`gemm_tiles.py`)."""
     m, n, _ = check_linear(x, weight, out, accumulate=accumulate)
-    stage_chunk = stage_chunk_async if rows_of_eight(x, weight) else stage_chunk_ragged
+    # cp.async's flat indices are 32-bit: a matrix of 2^32 elements or more is gathered
+    fits = max(x.shape[0] * x.shape[1], weight.shape[0] * weight.shape[1]) < 2**32
+    stage_chunk = stage_chunk_async if fits and rows_of_eight(x, weight) else stage_chunk_ragged
     store = store_for(out, accumulate)
     if shape.packed and store is store_bf16 and n % 2 == 0 and data_address(out) % 4 == 0:
         store, out = store_bf16x2, out.view(np.uint32)

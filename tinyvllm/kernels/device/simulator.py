@@ -13,6 +13,7 @@ Numba's switch, and this table is the whole list of what it changes:
 | warp shuffles in `block_sum`, `block_max`, `block_argmax` | a shared-memory tree | the simulator has no shuffles | `device/reduce.py` |
 | shuffles in `lane_group_sum`, blocks of whole warps | shared-memory scratch (`group_scratch_shape`), blocks of any size (`LANE_GROUP_WARP`) | no shuffles | `device/reduce.py` |
 | `load_words`, `store_words`: one 16-byte access (LLVM intrinsics) | eight scalar accesses | no LLVM runs there | `device/vector_io.py` |
+| `flat_view`: a new array struct over the same memory (an intrinsic) | `reshape` | Numba's reshape calls a C helper no CUDA module links | `device/vector_io.py` |
 | `prefetch_l2`: `prefetch.global.L2` | nothing | no inline PTX | `device/vector_io.py` |
 | PDL's `griddepcontrol` instructions and launch attribute | nothing; `pdl.supported()` is false | no inline PTX, no launch attributes | `device/pdl.py` |
 | `mma.sync` m16n8k16 bf16 and f16, `ldmatrix` x4 (and `.trans`), `cvt.rn.bf16x2` and `cvt.rn.f16x2` (inline PTX), quad shuffles | Python: the warp's fragments meet in a per-warp slot list and `threading.Barrier`, the same layout | no inline PTX, no shuffles or `syncwarp` | `device/mma.py` |

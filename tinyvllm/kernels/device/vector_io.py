@@ -16,6 +16,9 @@ The caller guarantees alignment: `row` is a C-contiguous uint16 row, `i` a multi
 and the launcher has run `check_rows_of_eight` on the array the row comes from (rows a
 multiple of 8 elements long, base address a multiple of 16 bytes).
 
+`flat_view(matrix)` is a C-contiguous array's elements as one row (the same memory), for
+kernels that index it by row * K + col in 32-bit integers.
+
 `load_bf16x8` / `store_bf16x8` add the bf16 <-> float32 conversion into a local
 float32[8] array. The CUDA simulator runs no LLVM, so there the same contract is met with
 eight scalar accesses (and `prefetch_l2` does nothing); the choice is made once, at import
@@ -109,6 +112,38 @@ def _wide_intrinsics():
     return load_words, store_words, prefetch_l2
 
 
+def _flat_view_intrinsic():
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+    from numba.cuda.np.arrayobj import populate_array
+
+    @intrinsic
+    def flat_view(typingctx, array):
+        if not (isinstance(array, types.Array) and array.layout == "C"):
+            return None
+        flat_type = array.copy(ndim=1, layout="C")
+
+        def codegen(context, builder, sig, args):
+            source = context.make_array(sig.args[0])(context, builder, value=args[0])
+            size = cgutils.unpack_tuple(builder, source.shape)[0]
+            for extent in cgutils.unpack_tuple(builder, source.shape)[1:]:
+                size = builder.mul(size, extent)
+            flat = context.make_array(flat_type)(context, builder)
+            populate_array(flat, data=source.data, shape=[size], strides=[source.itemsize], itemsize=source.itemsize,
+                           meminfo=source.meminfo, parent=source.parent)  # fmt: skip
+            return flat._getvalue()
+
+        return flat_type(array), codegen
+
+    return flat_view
+
+
+@cuda.jit(device=True)
+def _flat_view_reshape(array):
+    return array.reshape(array.size)
+
+
 @cuda.jit(device=True)
 def _load_words_scalar(row, index):
     return (
@@ -133,8 +168,11 @@ def _prefetch_nothing(row, index):
 
 if SIMULATOR:
     load_words, store_words, prefetch_l2 = _load_words_scalar, _store_words_scalar, _prefetch_nothing
+    flat_view = _flat_view_reshape
 else:
     load_words, store_words, prefetch_l2 = _wide_intrinsics()
+    # Numba's reshape calls a C helper that no CUDA module links; the view is a new array struct
+    flat_view = _flat_view_intrinsic()
 
 
 # --8<-- [start:halves]
