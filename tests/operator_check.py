@@ -45,6 +45,16 @@ def _host(value):
     return value.copy() if isinstance(value, np.ndarray) else value
 
 
+def _normed_in_float32(inputs: dict, outputs: tuple[str, ...]) -> dict:
+    """A normed product's host inputs again, its outputs copied and its normed rows kept in
+    float32: a kernel that applies the norm itself (the GEMV) multiplies by those, where the
+    norm's own kernel rounds them to bf16 before cuBLAS or the tiled GEMM. Both are right;
+    on SmolLM2 a few large channels set them apart by more than an ulp of the product."""
+    copied = inputs | {key: inputs[key].copy() for key in outputs if inputs.get(key) is not None}
+    copied["norm"] = inputs["norm"]._replace(normed=np.empty(inputs["norm"].normed.shape, np.float32))
+    return copied
+
+
 def _widen(array: np.ndarray) -> np.ndarray:
     return from_bf16(array).astype(np.float64) if array.dtype == np.uint16 else array.astype(np.float64)
 
@@ -74,13 +84,18 @@ class OperatorCheck:
                     inputs[key] = from_bf16(inputs[key])
             for key in SCRATCH[name]:
                 inputs[key] = None
+            references = [inputs]
+            if inputs.get("norm") is not None:
+                references.append(_normed_in_float32(inputs, OUTPUTS[name]))
             operator(*args, **kwargs)
             self.backend.synchronize()
-            getattr(self.reference, name)(**inputs)
+            for reference_inputs in references:
+                getattr(self.reference, name)(**reference_inputs)
             for output in OUTPUTS[name]:
                 if arguments.get(output) is None:
                     continue
-                error = relative_error(_widen(_host(arguments[output])), _widen(inputs[output]))
+                actual = _widen(_host(arguments[output]))
+                error = min(relative_error(actual, _widen(expected[output])) for expected in references)
                 label = name + (NORMED if arguments.get("norm") is not None else "")
                 key = (label + (ACCUMULATED if arguments.get("accumulate") else ""), output)
                 self.worst[key] = max(self.worst.get(key, 0.0), error)
@@ -92,15 +107,15 @@ class OperatorCheck:
 
 
 FUSED_TOLERANCE = 1e-2
-"""For the products that apply the norm or add to the residual. A product that applies
-the RMSNorm itself (the GEMV) multiplies by the normed row as float32, where the bf16
-reference rounds it to bf16 first (as the norm's own kernel does before cuBLAS or the
-tiled GEMM): on SmolLM2 the norm's gain makes a few channels large, their rounding does
-not average out, and the H200 measured 4.1e-3 to 6.1e-3 between the two. The residual
-stream has a few channels hundreds of times larger than the rest, so one ulp of one of
-them (2^-8 to 2^-7 of it) is up to 7.8e-3 of the row: cuBLAS adding its product with
-beta = 1 rounds differently from the reference, 4.0e-3 on the H200. A product of the
-un-normed row, or one not added, is off by far more."""
+"""For the products that apply the norm or add to the residual. A normed product is judged
+by the nearer of the normed row's two roundings (`_normed_in_float32`): against the bf16 one
+alone, the GEMV, which multiplies by the float32 row, measured 4.1e-3 to 6.1e-3 on the H200,
+and a normed `linear` 1.0e-2 on an H100 with other inputs (SmolLM2's norm gains make a few
+channels large, and their rounding does not average out). The residual stream has a few
+channels hundreds of times larger than the rest, so one ulp of one of them (2^-8 to 2^-7 of
+it) is up to 7.8e-3 of the row: cuBLAS adding its product with beta = 1 rounds differently
+from the reference, 4.0e-3 on the H200. A product of the un-normed row, or one not added, is
+off by far more."""
 OPERATOR_TOLERANCE = 2e-3
 """A correct kernel differs from the bf16 reference by rare one-ulp roundings (a bf16 ulp
 is 2^-8 of the value, 3.9e-3): on SmolLM2 the H200 measured 6.3e-4 at most. An error of

@@ -29,6 +29,12 @@ CHATS = [
     "Translate 'good morning' into Spanish.",
 ]
 
+PLAIN_QUESTION = "Name the capital of France."
+"""A question whose greedy answer has no near-tie: in SmolLM2's float32 forward each of the
+first six tokens ("The capital of France is Paris") leads the runner-up by 1.45 to 6.2, where
+the bf16 NumPy forward strays from float32 by at most 0.70. CHATS[0]'s first token leads by
+0.098 against 0.49: a bf16 pipeline may start "L'" there, and its answer never says Paris."""
+
 
 @pytest.fixture(scope="module")
 def smollm2():
@@ -55,7 +61,8 @@ def test_smollm2_greedy_tokens_equal_numpy_reference(smollm2, gpu_llm):
     prompts = [reference.tokenizer.encode_chat(conversation) for conversation in conversations]
     exact = LLM(smollm2, backend="numpy", max_model_len=2048)
     assert_parts_only_at_near_ties(reference, gpu_llm, prompts, actual, expected, max_partings=1, exact=exact)
-    assert "Paris" in gpu_llm.chat(conversations[0], SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0].text
+    answer = gpu_llm.chat([{"role": "user", "content": PLAIN_QUESTION}], SamplingParams(temperature=0.0, max_tokens=16))
+    assert "Paris" in answer[0].outputs[0].text
     assert_no_leak(gpu_llm)
 
 
