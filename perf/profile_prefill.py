@@ -13,7 +13,9 @@ fresh engine (default token budget), first warmed up with prompts of the same sh
   time from launch to the sampled token with nothing queued before it, of which the host's
   launch (schedule, step inputs, kernel launches); a cProfile of that launch;
 - all --prompts prompts at once, one output token each, as `perf/bench_throughput.py`'s
-  prefill figure counts them: total time, prompt tok/s and each engine step's wall time.
+  prefill figure counts them: total time, prompt tok/s and each engine step's wall time, and
+  on the GPU each step's span and the idle time before it (`gpu_step_times`): where a step's
+  wall time exceeds its kernels' sum, whether the GPU waited between steps or inside them.
 
 `--linear-backend tiled` runs the products on the library's tiled tensor-core GEMM instead
 of cuBLAS. Results: perf/results/profile_prefill.json (or --out).
@@ -22,6 +24,7 @@ of cuBLAS. Results: perf/results/profile_prefill.json (or --out).
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +38,34 @@ from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_prefill.json"
+
+
+def gpu_step_times(engine: LLMEngine, run: Callable[[], list[float]]) -> tuple[list[float], dict]:
+    """run()'s result, and the GPU's side of each step it launched, from CUDA events recorded
+    on the engine's stream before and after each launch: `span_ms`, from the step's first
+    kernel to its last (the GPU's idle time inside it included: where it ran out of launched
+    work), and `gap_ms`, the GPU's time between the step before and this one (idle, if the host
+    had not launched this step when the one before finished)."""
+    runner, launch = engine.runner, engine.runner.launch
+    marks = []
+
+    def marked_launch(batch):
+        before, after = cuda.event(), cuda.event()  # timing events, numba-cuda's default
+        before.record(runner.backend.stream)
+        step = launch(batch)
+        after.record(runner.backend.stream)
+        marks.append((before, after))
+        return step
+
+    runner.launch = marked_launch
+    try:
+        result = run()
+    finally:
+        del runner.launch  # the instance attribute goes: the method shows again
+    cuda.synchronize()
+    spans = [before.elapsed_time(after) for before, after in marks]
+    gaps = [marks[i - 1][1].elapsed_time(marks[i][0]) for i in range(1, len(marks))]
+    return result, {"span_ms": spans, "gap_ms": gaps}
 
 
 def profile_prefill(engine: LLMEngine, num_prompts: int, prompt_len: int, rng) -> dict:
@@ -77,14 +108,14 @@ def profile_prefill(engine: LLMEngine, num_prompts: int, prompt_len: int, rng) -
     drain()
     admit(num_prompts)
     start = time.perf_counter()
-    steps_ms = drain()
+    steps_ms, gpu = gpu_step_times(engine, drain)
     seconds = time.perf_counter() - start
     tokens = per_step * prompt_len
     return {"prompts": num_prompts, "prompt_len": prompt_len, "step_tokens": tokens,
             "eager_span_us": summary["span_us"], "step_wall_us": wall, "launch_us": launch,
             "operators": operators, "launch_host_functions": host,
             "all_prompts": {"seconds": seconds, "prompt_tok_per_s": num_prompts * prompt_len / seconds,
-                            "steps_ms": steps_ms}}  # fmt: skip
+                            "steps_ms": steps_ms, "gpu": gpu}}  # fmt: skip
 
 
 def main() -> None:
@@ -110,6 +141,8 @@ def main() -> None:
     steps = ", ".join(f"{ms:.1f}" for ms in every["steps_ms"])
     print(f"all {args.prompts} prompts: {every['seconds'] * 1e3:.1f} ms, {every['prompt_tok_per_s']:.0f} tok/s; "
           f"steps (ms): {steps}")  # fmt: skip
+    spans, gaps = (", ".join(f"{ms:.1f}" for ms in every["gpu"][key]) for key in ("span_ms", "gap_ms"))
+    print(f"on the GPU, each step's kernels (ms): {spans}; idle before each next step (ms): {gaps}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     header = result_header() | {"model": args.model, "linear_backend": args.linear_backend}
     args.out.write_text(json.dumps(header | run, indent=2) + "\n")
