@@ -51,6 +51,26 @@ def test_each_decode_latency_run_has_a_prompt_of_its_own():
     assert len(set(prompts)) == 7, "a repeated prompt would be a prefix-cache hit"
 
 
+class SlowFirstTokenLLM(RecordingLLM):
+    """A one-token run that takes longer than a whole run, as a busy machine can make it."""
+
+    def generate(self, prompts, params, use_tqdm=False):
+        outputs = super().generate(prompts, params, use_tqdm)
+        if all(p.max_tokens == 1 for p in params):
+            time.sleep(0.01)
+        return outputs
+
+
+def test_decode_latency_refuses_a_decode_no_slower_than_its_first_token():
+    with pytest.raises(ValueError, match="below the timer's noise"):
+        decode_latency(SlowFirstTokenLLM(), prompt_len=16, new_tokens=4, repeats=3, vocab_size=1000)
+
+
+def test_decode_latency_needs_two_new_tokens():
+    with pytest.raises(ValueError, match="new_tokens must be at least 2"):
+        decode_latency(RecordingLLM(), prompt_len=16, new_tokens=1, vocab_size=1000)
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     """A `vllm` module whose LLM records its settings and the generate calls it gets."""

@@ -84,7 +84,12 @@ def decode_latency(
     progress: Callable[[str], None] = quiet,
     vocab_size: int | None = None,
 ) -> dict:
-    """`vocab_size` defaults to the tinyvllm engine's; a peer engine passes it."""
+    """Time to first token, and the decode's rate from how much longer `new_tokens` take than
+    one. `vocab_size` defaults to the tinyvllm engine's; a peer engine passes it."""
+    if new_tokens < 2:
+        raise ValueError(
+            f"new_tokens must be at least 2 to time a decode (the first comes from the prefill); got {new_tokens}"
+        )
     vocab = vocab_size or llm.engine.config.vocab_size
 
     def fresh(run: int, tokens: int) -> Workload:
@@ -93,11 +98,19 @@ def decode_latency(
 
     progress(f"warm-up: {prompt_len} prompt tokens, {new_tokens} new")
     timed_generate(llm, fresh(0, new_tokens))
-    progress(f"time to first token: best of {repeats} runs")
-    first_s = min(timed_generate(llm, fresh(1 + run, 1)) for run in range(repeats))
-    progress(f"{new_tokens} tokens: best of {repeats} runs")
-    full_s = min(timed_generate(llm, fresh(1 + repeats + run, new_tokens)) for run in range(repeats))
+    progress(f"time to first token and {new_tokens} tokens: best of {repeats} runs each, alternating")
+    # alternating, so that a busy spell on the machine slows both kinds of run alike
+    first_runs, full_runs = [], []
+    for run in range(repeats):
+        first_runs.append(timed_generate(llm, fresh(1 + 2 * run, 1)))
+        full_runs.append(timed_generate(llm, fresh(2 + 2 * run, new_tokens)))
+    first_s, full_s = min(first_runs), min(full_runs)
     decode_s = full_s - first_s
+    if decode_s <= 0:
+        raise ValueError(
+            f"{new_tokens} new tokens took no longer than one ({full_s * 1e3:.3f} against {first_s * 1e3:.3f} ms): "
+            "the decode is below the timer's noise; ask for more new tokens"
+        )
     return {
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
