@@ -138,6 +138,31 @@ def test_grouped_order_over_several_rows_of_tiles():
     check(VARIANTS["swizzle3_raster8"], 130, 20, 16)
 
 
+TALL = "tall_k64_swizzle3_raster8_packed"
+
+
+def test_tall_tile_has_sixteen_warps_and_a_grid_of_half_the_rows():
+    shape = VARIANTS[TALL]
+    assert (shape.block_m, shape.warps_m, shape.threads) == (256, 4, 512)
+    assert shape.rows_per_pass == 64 and shape.stage_a == 2 * shape.stage_b
+    assert grid(shape, 4096, 4096) == (16 * 32,)
+    assert grid(GemmShape(block_m=256), 257, 129) == (2, 2)
+    with pytest.raises(ValueError, match="block_m and block_n 128 or 256"):
+        GemmShape(block_m=192)
+
+
+def test_tall_tile_rows_all_branch_free():
+    """All 256 rows of a tall tile, N = 32: the first warp of each of the four warp rows wholly
+    inside Y (branch-free; the other warps hold no column and skip), three slices (every stage
+    used); float32 out."""
+    check(VARIANTS[TALL], 256, 32, 3 * VARIANTS[TALL].block_k, np.float32)
+
+
+def test_tall_tiles_over_two_rows_of_tiles():
+    """M = 300: the second row of tall tiles has one warp row cut by M and three outside Y."""
+    check(VARIANTS[TALL], 300, 20, 16)
+
+
 def test_packed_variant_falls_back_on_odd_n_and_accumulates():
     shape = VARIANTS["swizzle3_raster8_packed"]
     check(shape, 20, 23, 24)

@@ -77,7 +77,7 @@ def main() -> None:
         gemm_tiles.allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, w, out)), SHAPE.dynamic_bytes)
 
         def launch(kernel=kernel):
-            launch_kernel(kernel, grid, gemm_tiles.THREADS, 0, x, w, out, shared_bytes=SHAPE.dynamic_bytes)
+            launch_kernel(kernel, grid, SHAPE.threads, 0, x, w, out, shared_bytes=SHAPE.dynamic_bytes)
 
         ms = median_ms(launch, repeats=args.repeats)
         rows.append({"kernel": name, "ms": ms, "tflops": flops / ms / 1e9})

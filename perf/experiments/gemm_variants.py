@@ -65,10 +65,22 @@ VARIANTS = {
     "wide4_raster8_packed": GemmShape(
         block_n=256, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
     ),
+    # 256 x 128 tiles of 16 warps, one block an SM
+    "tall_k64_swizzle3_raster8_packed": GemmShape(
+        block_m=256, block_k=64, swizzle=True, stages=3, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    "tall_k64_swizzle4_raster8_packed": GemmShape(
+        block_m=256, block_k=64, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    "tall_swizzle4_raster8_packed": GemmShape(
+        block_m=256, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
 }
-"""Name -> shape; `baseline` is the library's GEMM_SHAPE (gemm_tiles.py: what each field changes).
-The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM leaves the epilogue's
-loop rolled and the 128 accumulators on the stack (ptxas: a 512-byte frame)."""
+"""Name -> shape (gemm_tiles.py: what each field changes); `k64_swizzle3_raster8_packed` is the
+library's GEMM_SHAPE. The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM
+leaves the epilogue's loop rolled and the 128 accumulators on the stack (ptxas: a 512-byte
+frame). The 256 x 128 tiles (`block_m`) use 512 threads of at most 128 registers: their
+warps' pieces are the 128 x 128 tile's."""
 LAYERS = {"qkv_proj": (2048, 3072), "o_proj": (2048, 2048), "gate|up_proj": (2048, 8192), "down_proj": (8192, 2048)}
 LAYERS["lm_head"] = (2048, 128256)
 """K, N as in perf/bench_gemm.py."""

@@ -8,7 +8,8 @@ which is the layout `mma.sync ... .row.col` takes: X row-major (A), W^T column-m
 The instructions and their fragment layouts are in `device/mma.py`.
 
 Each block of THREADS = 256 threads (8 warps) computes one 128 x 128 tile of Y, the warps
-2 x 4 over it, each a 64 x 32 piece: 4 x 4 mma tiles of 16 x 8. A lane holds the float32
+2 x 4 over it, each a 64 x 32 piece: 4 x 4 mma tiles of 16 x 8 (a shape of block_m = 256
+stacks 4 x 4 warps over a 256 x 128 tile, each with the same piece). A lane holds the float32
 accumulators of all 16 (64 registers, rows g and g + 8, columns 2t and 2t + 1 of each
 tile, g = lane // 4, t = lane % 4), in a local array indexed only by unrolled loop
 counters so that it never leaves the registers. The epilogue stores them from there.
@@ -67,8 +68,8 @@ from tinyvllm.kernels.device.vector_io import VECTOR, data_address
 from tinyvllm.kernels.gemm_copies import copy_functions, rows_of_eight, stage_chunk_async, stage_chunk_ragged
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into, store_bf16x2
 
-BLOCK_M, THREADS, TILES_M = tiles.BLOCK_M, tiles.THREADS, tiles.TILES_M
-BLOCK_N, BLOCK_K = GEMM_SHAPE.block_n, GEMM_SHAPE.block_k
+BLOCK_M, BLOCK_N, BLOCK_K, THREADS = GEMM_SHAPE.block_m, GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.threads
+TILES_M = tiles.TILES_M
 """The library shape's tile: BLOCK_M x BLOCK_N outputs a block, K walked BLOCK_K at a time."""
 
 OUTPUT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
@@ -146,7 +147,13 @@ def _k16_multiplier(shape: GemmShape):
 def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     """The tiled kernel for one staging function, one output store and one tile shape
     (compiled per triple). With `store_bf16x2` it takes Y's rows viewed as uint32."""
-    block_n, block_k, stages, row_stride = shape.block_n, shape.block_k, shape.stages, shape.row_stride
+    block_m, block_n, block_k, stages, row_stride = (
+        shape.block_m,
+        shape.block_n,
+        shape.block_k,
+        shape.stages,
+        shape.row_stride,
+    )
     stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
     shift, mask, tiles_n, warp_n_size = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n, shape.warp_n
     pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
@@ -156,7 +163,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
 
     thread_copies, stage_operand, source_view = copy_functions(shape, stage_chunk)
-    a_count, b_count = BLOCK_M // rows_per_pass, block_n // rows_per_pass  # a thread's chunks of each slice
+    a_count, b_count = block_m // rows_per_pass, block_n // rows_per_pass  # a thread's chunks of each slice
 
     @cuda.jit(device=True, inline=True)
     def stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0):
@@ -165,7 +172,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         stage_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0, k_live)
         stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0, k_live)
 
-    @cuda.jit(**launch_bounds(THREADS, shape.blocks_per_sm))
+    @cuda.jit(**launch_bounds(shape.threads, shape.blocks_per_sm))
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
@@ -183,12 +190,12 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         warp, lane = tid // WARP, tid % WARP
         width = np.int64(out.shape[1]) * columns
         if grouped:
-            blocks_m = np.uint32((out.shape[0] + BLOCK_M - 1) // BLOCK_M)
+            blocks_m = np.uint32((out.shape[0] + block_m - 1) // block_m)
             blocks_n = np.uint32((width + block_n - 1) // block_n)
             tile_m, tile_n = tiles.grouped_tile(np.uint32(cuda.blockIdx.x), blocks_m, blocks_n, np.uint32(group_m))
         else:
             tile_m, tile_n = np.uint32(cuda.blockIdx.y), np.uint32(cuda.blockIdx.x)
-        m0, n0 = np.uint32(tile_m) * BLOCK_M, np.uint32(tile_n) * block_n
+        m0, n0 = np.uint32(tile_m) * block_m, np.uint32(tile_n) * block_n
         warp_m = (warp // tiles.WARPS_N) * tiles.WARP_M
         warp_n = (warp % tiles.WARPS_N) * warp_n_size
         copy_row, copy_chunk = tid // chunks, tid % chunks
@@ -227,10 +234,10 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
             if np.uint32(step + np.uint32(stages - 1)) < num_steps:
                 stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()
-            fill = np.uint32(fill + np.uint32(1)) if fill < np.uint32(stages - 1) else np.uint32(0)
+            fill = tiles.next_stage(fill, stages)
             fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
             a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
-            stage = np.uint32(stage + np.uint32(1)) if stage < np.uint32(stages - 1) else np.uint32(0)
+            stage = tiles.next_stage(stage, stages)
             if step < whole_steps:
                 multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
             else:
@@ -269,4 +276,4 @@ def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape
     kernel = gemm_kernel(stage_chunk, store, shape)
     if shape.dynamic_bytes and not SIMULATOR:
         allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)
-    launch_kernel(kernel, grid(shape, m, n), THREADS, stream, x, weight, out, shared_bytes=shape.dynamic_bytes)
+    launch_kernel(kernel, grid(shape, m, n), shape.threads, stream, x, weight, out, shared_bytes=shape.dynamic_bytes)

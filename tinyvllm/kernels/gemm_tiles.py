@@ -3,10 +3,15 @@
 `gemm.py` builds one kernel per (staging, store, shape); `GEMM_SHAPE` is the library's.
 The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere/Hopper:
 
-- `block_n`: a block's tile is 128 x block_n (128 or 256), its 8 warps 2 x 4 over it, each
-  64 x block_n / 4: a larger tile reads each operand byte from L2 into shared memory fewer
-  times per FLOP, at the price of registers (the 128 x 256 tile's warps hold 128
-  accumulators; `blocks_per_sm` = 1 lets them have up to 255 registers).
+- `block_n`: a block's tile is block_m x block_n (128 or 256), its warps block_m / 64 x 4
+  over it, each 64 x block_n / 4: a wider tile reads each operand byte from L2 into shared
+  memory fewer times per FLOP, at the price of registers (the 128 x 256 tile's warps hold
+  128 accumulators; `blocks_per_sm` = 1 lets them have up to 255 registers).
+- `block_m`: 256 stacks a second 128 rows of warps under the first: 16 warps, each with the
+  same 64 x block_n / 4 piece and registers as at 128, read the 256 x 128 tile's operands
+  a quarter less often per FLOP than the 128 x 128 tile's 8 warps (each W byte serves
+  twice the rows). 512 threads at up to 128 registers fill an SM's 64 K registers: one block
+  an SM.
 - `stages`: slices in shared memory at once. With S stages a block waits for the oldest of
   S - 1 copies in flight (`cp.async.wait_group S - 2`), so more latency hides behind the mmas.
 - `swizzle`: rows of a slice unpadded, the 16-byte chunks of a row XOR-permuted (`chunk_slot`),
@@ -51,10 +56,10 @@ from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, bf16x2, ldmat
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
 
-BLOCK_M = 128
-WARPS_M, WARPS_N = 2, 4
-THREADS = WARP * WARPS_M * WARPS_N
-WARP_M = BLOCK_M // WARPS_M
+WARPS_N = 4
+WARP_M = 64
+"""A warp's piece of Y is WARP_M x block_n / WARPS_N, and a block has block_m / WARP_M x
+WARPS_N warps, in every shape."""
 TILES_M = WARP_M // MMA_M
 STATIC_SHARED_BYTES = 48 * 1024
 """Static shared memory a block may declare; past it a shape's tiles are dynamic shared memory,
@@ -69,6 +74,7 @@ BANK_GROUPS = 8
 class GemmShape:
     """One tile configuration of the tiled GEMM (module docstring: what each field buys)."""
 
+    block_m: int = 128
     block_n: int = 128
     block_k: int = 32
     stages: int = 2
@@ -80,12 +86,22 @@ class GemmShape:
     blocks_per_sm: int = 2
 
     def __post_init__(self):
-        if self.block_n not in (128, 256) or self.block_k not in (32, 64) or self.stages < 2:
-            raise ValueError(f"{self}: block_n 128 or 256, block_k 32 or 64, stages >= 2")
+        sizes = self.block_m in (128, 256) and self.block_n in (128, 256) and self.block_k in (32, 64)
+        if not sizes or self.stages < 2:
+            raise ValueError(f"{self}: block_m and block_n 128 or 256, block_k 32 or 64, stages >= 2")
         if self.double_buffer and not self.uniform:
             raise ValueError(f"{self}: double_buffer applies to the branch-free (uniform) path")
         if self.shared_bytes > MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory, more than {MAX_SHARED_BYTES}")
+
+    @property
+    def warps_m(self) -> int:
+        return self.block_m // WARP_M
+
+    @property
+    def threads(self) -> int:
+        """A block's threads: warps_m x WARPS_N warps."""
+        return WARP * self.warps_m * WARPS_N
 
     @property
     def warp_n(self) -> int:
@@ -108,7 +124,7 @@ class GemmShape:
     @property
     def stage_a(self) -> int:
         """Shared elements of one stage of X's slice (W's: `stage_b`)."""
-        return BLOCK_M * self.row_stride
+        return self.block_m * self.row_stride
 
     @property
     def stage_b(self) -> int:
@@ -126,7 +142,7 @@ class GemmShape:
     @property
     def rows_per_pass(self) -> int:
         """Slice rows the block's threads copy at once, a 16-byte chunk each."""
-        return THREADS // self.chunks_per_row
+        return self.threads // self.chunks_per_row
 
     @property
     def swizzle_shift(self) -> int:
@@ -178,6 +194,13 @@ def pair_store(store):
 
 
 @cuda.jit(device=True, inline=True)
+def next_stage(stage, stages):
+    """The stage after `stage` of 0 .. stages - 1, in 32-bit integers and by a comparison: a
+    remainder by 3 is 64-bit arithmetic in Numba."""
+    return np.uint32(stage + np.uint32(1)) if stage < np.uint32(stages - 1) else np.uint32(0)
+
+
+@cuda.jit(device=True, inline=True)
 def grouped_tile(block, blocks_m, blocks_n, group_m):
     """(row, column) of tiles that 1-D block `block` computes: groups of group_m rows of
     tiles, each walked column by column (the last group may have fewer rows)."""
@@ -226,7 +249,7 @@ def allow_dynamic_shared(kernel, argument_types: tuple, nbytes: int) -> None:
 
 def grid(shape: GemmShape, m: int, n: int) -> tuple:
     """The launch grid of `shape`'s kernel for an M x N output."""
-    blocks_m, blocks_n = -(-m // BLOCK_M), -(-n // shape.block_n)
+    blocks_m, blocks_n = -(-m // shape.block_m), -(-n // shape.block_n)
     return (blocks_m * blocks_n,) if shape.group_m else (blocks_n, blocks_m)
 
 
