@@ -2,7 +2,7 @@
 # The one entry point on the GPU machine (../shared/GPU.md): the test suite on the real GPU,
 # then the benchmarks, logs and JSON under $OUT.
 #
-#   bash perf/gpu_check.sh [tests] [kernels] [sampling] [engine] [prefix] [profile] [serve] [peers]
+#   bash perf/gpu_check.sh [tests] [kernels] [variants] [sampling] [engine] [prefix] [profile] [serve] [peers]
 #                          (default: tests kernels engine prefix profile serve)
 #
 # tests: the suite over one pytest-xdist worker per core, then the tests marked `serial`
@@ -11,6 +11,7 @@
 # BASELINE_REV=REV, the engine benchmarks run there first, in the same command, so the two
 # revisions' figures come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
 # ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
+# variants: the tiled GEMM's candidate tile shapes against cuBLAS (perf/experiments/gemm_variants.py).
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
 # `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
@@ -64,6 +65,9 @@ for stage in $stages; do
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
+    variants)
+      run python3 -m perf.experiments.gemm_variants
+      cp perf/results/experiments/gemm_variants.json "$OUT"/ ;;
     sampling)
       run python3 -m perf.bench_sampling ;;
     engine)
