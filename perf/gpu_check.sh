@@ -15,10 +15,13 @@
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
 # `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
-# The machine is offline. Wheels it lacks travel in .whl/ (gguf, starlette, uvicorn,
-# prometheus_client); the cache (TINYVLLM_CACHE) must already hold the SmolLM2 GGUF and the
-# Llama 3.2 tokenizer, laid out as tinyvllm.model.hub caches them (the tests' SmolLM2 comes
-# from it). Host-only test modules that fetch from PyPI (into a test-private cache) are left
+# The machine is offline. What it lacks travels in pieces made by `python -m perf.offline_assets
+# pack core` (and `pack vllm` for the peers): each command carries the manifest and a piece, and
+# this script receives them first (perf/offline_assets.py): the wheels it lacks (gguf, starlette,
+# uvicorn, prometheus_client) into /tmp/site, the SmolLM2 GGUF and the Llama 3.2 tokenizer into
+# the cache (TINYVLLM_CACHE), laid out as tinyvllm.model.hub caches them (the tests' SmolLM2
+# comes from it), vLLM's wheels into $HOME/vllm-site (VLLM_SITE's default). Wheels in .whl/ are
+# installed too. Host-only test modules that fetch from PyPI (into a test-private cache) are left
 # out here: they run in CI, where PyPI is reachable, and touch no GPU code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +29,14 @@ OUT=${OUT:-/tmp/tinyvllm-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TINYVLLM_CACHE=${TINYVLLM_CACHE:-$HOME/tinyvllm-cache}
+if compgen -G ".offline/*.manifest" >/dev/null; then
+  python3 -m perf.offline_assets receive || exit 1
+fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
 fi
+if [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site:$PWD; else export PYTHONPATH=$PWD; fi
+if [ -z "${VLLM_SITE:-}" ] && [ -d "$HOME/vllm-site" ]; then export VLLM_SITE=$HOME/vllm-site; fi
 stages=${*:-tests kernels engine prefix profile serve}
 started=$(mktemp)  # only the JSON written after this goes to $OUT, which takes 8 files at most
 status=0

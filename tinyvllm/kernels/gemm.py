@@ -147,13 +147,8 @@ def _k16_multiplier(shape: GemmShape):
 def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     """The tiled kernel for one staging function, one output store and one tile shape
     (compiled per triple). With `store_bf16x2` it takes Y's rows viewed as uint32."""
-    block_m, block_n, block_k, stages, row_stride = (
-        shape.block_m,
-        shape.block_n,
-        shape.block_k,
-        shape.stages,
-        shape.row_stride,
-    )
+    block_m, block_n, block_k, stages = shape.block_m, shape.block_n, shape.block_k, shape.stages
+    row_stride = shape.row_stride
     stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
     shift, mask, tiles_n, warp_n_size = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n, shape.warp_n
     pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
