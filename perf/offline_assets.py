@@ -108,7 +108,7 @@ def pack(name: str, stage, piece_bytes: int) -> list[Path]:
 
 
 def keep_pieces(manifest: dict, outbox: Path, kept: Path) -> list[str]:
-    """Move this command's pieces of the manifest's set from outbox into kept (checked against
+    """Copy this command's pieces of the manifest's set from outbox into kept (checked against
     its hashes); the names of the pieces still missing there."""
     kept.mkdir(parents=True, exist_ok=True)
     for name, digest in manifest["pieces"]:
@@ -161,8 +161,8 @@ def receive(outbox: Path = OUTBOX) -> list[str]:
             report.append(done.read_text().strip())
         else:
             unpack(manifest, kept, kept / "unpacked")
-            done.write_text(install(name, kept / "unpacked") + "\n")
-            report.append(done.read_text().strip())
+            report.append(install(name, kept / "unpacked"))
+            done.write_text(report[-1] + "\n")
     return report
 
 

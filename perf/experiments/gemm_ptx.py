@@ -15,10 +15,10 @@ import argparse
 import hashlib
 import re
 
-from numba import cuda, types
+from numba import types
 
 from perf.experiments.gemm_variants import VARIANTS
-from perf.experiments.mma_sass import COMPUTE_CAPABILITY, _sm90_without_a_gpu
+from perf.experiments.mma_sass import ptx_for_sm90
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import add_bf16, gemm_kernel, store_bf16, store_f32
 from tinyvllm.kernels.gemm_copies import stage_chunk_async, stage_chunk_ragged
@@ -49,14 +49,6 @@ def fingerprint(ptx: str) -> str:
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
-def ptx_of(stage_chunk, store, shape, signature) -> str:
-    kernel = gemm_kernel(stage_chunk, store, shape)
-    bounds = {k: v for k, v in kernel.targetoptions.items() if k == "launch_bounds"}
-    with _sm90_without_a_gpu():
-        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY, **bounds)
-    return ptx
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="lib", help=f"comma-separated, of: {', '.join(SHAPES)}")
@@ -71,7 +63,8 @@ def main() -> None:
         for label, (stage_chunk, store, signature) in KERNELS.items():
             if store is store_bf16x2 and not SHAPES[name].packed:
                 continue
-            print(f"{name:<34} {label:<18} {fingerprint(ptx_of(stage_chunk, store, SHAPES[name], signature))}")
+            ptx = ptx_for_sm90(gemm_kernel(stage_chunk, store, SHAPES[name]), signature)
+            print(f"{name:<34} {label:<18} {fingerprint(ptx)}")
 
 
 if __name__ == "__main__":

@@ -57,11 +57,17 @@ def _sm90_without_a_gpu():
         yield
 
 
-def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
-    """(PTX, ptxas -v's report, the cubin) of one kernel, under its launch bounds if it has them."""
+def ptx_for_sm90(kernel, signature) -> str:
+    """NVVM's PTX of one kernel for sm_90, under its launch bounds if it has them."""
     bounds = {k: v for k, v in kernel.targetoptions.items() if k == "launch_bounds"}
     with _sm90_without_a_gpu():
         ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY, **bounds)
+    return ptx
+
+
+def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
+    """(PTX, ptxas -v's report, the cubin) of one kernel, under its launch bounds if it has them."""
+    ptx = ptx_for_sm90(kernel, signature)
     source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
     source.write_text(ptx)
     arch = f"-arch=sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"
