@@ -55,7 +55,7 @@ from tinyvllm.kernels.device.mma import (
     mma_bf16_16816,
     quad_sum,
 )
-from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, low_half
 
 WARPS = 8
@@ -79,6 +79,12 @@ def tile_shape(head_dim: int) -> tuple[int, int]:
 def check_head_dim(head_dim: int) -> None:
     if head_dim % MMA_K or head_dim > 256:
         raise ValueError(f"head_dim {head_dim}: the tensor-core attention needs a multiple of {MMA_K} up to 256")
+
+
+def flash_bounds(head_dim: int, threads: int) -> dict:
+    """`cuda.jit` launch bounds of a flash kernel: two blocks an SM (128 registers a thread) up to
+    D = 64; none past it, where the tiles need more (180 registers at D = 128)."""
+    return launch_bounds(threads, 2) if head_dim <= 64 else {}
 
 
 def block_rows() -> int:
