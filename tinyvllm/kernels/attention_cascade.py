@@ -44,6 +44,7 @@ from tinyvllm.kernels.attention_tiles import (
     check_head_dim,
     check_p_precision,
     empty_state,
+    flash_bounds,
     flash_tiles,
     lane_rows,
     tile_shape,
@@ -74,7 +75,7 @@ def _shared_prefix_kernel(head_dim, group, threads, keys, rows, p_precision):
     query_words = (head_dim // MMA_K, 4)
     load_query, fold, finish = flash_tiles(head_dim, threads, keys, p_precision)
 
-    @cuda.jit
+    @cuda.jit(**flash_bounds(head_dim, threads))
     def shared_prefix(q, k_flat, v_flat, block_tables, shared_len, log2_block_size, first_slot, workspace):
         allow_dependent_launch()
         # Every block waits, even one with nothing to do: the merge, which waits for this

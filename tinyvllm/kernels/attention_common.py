@@ -16,7 +16,7 @@ key sets merge exactly the same way: with M = max(m1, m2),
 and the answer is acc / l. An empty state has m = -inf, l = 0, acc = 0; `rescale` maps it
 to zero weight instead of exp(-inf + inf) = NaN. The kernels work in base 2: the query is
 scaled by log2(e) / sqrt(D) once, so every exp(x) above becomes exp2(x), a single
-ex2.approx on the GPU instead of libdevice's dozen-instruction expf.
+MUFU.EX2 on the GPU (`exp2_ftz`) instead of libdevice's dozen-instruction expf.
 
 Lane groups. Some kernels spread one dot product over a small group of adjacent lanes,
 each holding a slice of D, and add the slices with `reduce.lane_group_sum`.
@@ -28,6 +28,7 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.fast_exp import exp2_ftz
 from tinyvllm.kernels.device.vector_io import check_rows_of_eight
 
 LOG2_E = 1.4426950408889634
@@ -39,7 +40,7 @@ def rescale(old_max, new_max):
     """exp2(old_max - new_max), and 0 for an empty state (old_max = -inf)."""
     if old_max == -math.inf:
         return float32(0.0)
-    return math.exp2(old_max - new_max)
+    return exp2_ftz(old_max - new_max)
 
 
 # --8<-- [end:rescale]

@@ -45,6 +45,7 @@ from tinyvllm.kernels.attention_common import (
     rescale,
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
+from tinyvllm.kernels.device.fast_exp import exp2_ftz
 from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.reduce import group_scratch_shape, lane_group_sum
@@ -228,7 +229,7 @@ def _decode_kernel(head_dim, group, threads, tokens_per_step, split, cascade=Fal
                         values[2 * w] = low_half(v_words[u, w])
                         values[2 * w + 1] = high_half(v_words[u, w])
                     for g in range(group):
-                        weight = math.exp2(scores[u * group + g] - running_max[g])
+                        weight = exp2_ftz(scores[u * group + g] - running_max[g])
                         running_sum[g] += weight
                         for e in range(VECTOR):
                             acc[g, e] += weight * values[e]

@@ -56,8 +56,8 @@ def fp16_fold(parts: SimpleNamespace):
     issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2, chunk_at = attrgetter(
         "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2", "chunk_at"
     )(parts)
-    keys, stride, tile_elements, chunks_per_thread, key_steps, dim_tiles, key_tiles = attrgetter(
-        "keys", "stride", "tile_elements", "chunks_per_thread", "key_steps", "dim_tiles", "key_tiles"
+    keys, tile_keys, stride, tile_elements, chunks_per_thread, key_steps, dim_tiles, key_tiles = attrgetter(
+        "keys", "tile_keys", "stride", "tile_elements", "chunks_per_thread", "key_steps", "dim_tiles", "key_tiles"
     )(parts)
     # constants: Numba sizes shared arrays at compile time
     buffers_shape, scores_shape = 2 * tile_elements, (key_tiles, 4)
@@ -102,10 +102,11 @@ def fp16_fold(parts: SimpleNamespace):
         scores = cuda.local.array(scores_shape, float32)
         k_lane, v_lane = lane_offsets()
         issue(k_flat, v_flat, table, kv_head, start, end, shift, k_tiles, v_tiles, 0)
-        for tile_start in range(start, end, keys):
-            base = (tile_start - start) // keys % 2 * tile_elements
-            if tile_start + keys < end:
-                issue(k_flat, v_flat, table, kv_head, tile_start + keys, end, shift, k_tiles, v_tiles,
+        # int32 positions: Numba's default int64 doubles every add and compare
+        for tile_start in range(np.int32(start), np.int32(end), tile_keys):
+            base = np.uint32(tile_start - start) // np.uint32(keys) % np.uint32(2) * np.uint32(tile_elements)
+            if np.int32(tile_start + tile_keys) < np.int32(end):
+                issue(k_flat, v_flat, table, kv_head, tile_start + tile_keys, end, shift, k_tiles, v_tiles,
                       tile_elements - base)  # fmt: skip
             else:
                 cp_async_commit()

@@ -32,6 +32,7 @@ from tinyvllm.kernels.attention_tiles import (
     check_head_dim,
     check_p_precision,
     empty_state,
+    flash_bounds,
     flash_tiles,
     lane_rows,
     tile_shape,
@@ -59,7 +60,7 @@ def _prefill_kernel(head_dim, group, threads, keys, rows, p_precision):
     query_words = (head_dim // MMA_K, 4)
     load_query, fold, finish = flash_tiles(head_dim, threads, keys, p_precision)
 
-    @cuda.jit
+    @cuda.jit(**flash_bounds(head_dim, threads))
     def prefill(q, k_flat, v_flat, block_tables, cu_seqlens_q, context_lens, log2_block_size, out):
         allow_dependent_launch()
         wait_for_prior_grid()

@@ -32,6 +32,7 @@ from tinyvllm.kernels.attention_decode import (
 )
 from tinyvllm.kernels.device.bf16 import f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
+from tinyvllm.kernels.device.fast_exp import exp2_ftz
 from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 
@@ -68,7 +69,7 @@ def merge_states(workspace, first, filled, head_dim, d, running_max, running_sum
         total *= old
         for i in range(MERGE_BATCH):
             if batch + i < filled:
-                weight = math.exp2(maxes[i] - merged_max)
+                weight = exp2_ftz(maxes[i] - merged_max)
                 running_sum += sums[i] * weight
                 total += values[i] * weight
         running_max = merged_max

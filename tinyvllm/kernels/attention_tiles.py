@@ -9,10 +9,10 @@ the fragment layouts of `device/mma.py`):
 
     S[16, keys] = Q K^T      D / 16 k-steps x keys / 8 n8 tiles of mma; Q's fragments stay
                              in registers for the whole walk, K's come by ldmatrix
-    online softmax           on S's accumulators: a lane holds rows g and g + 8, columns 2t
-                             and 2t + 1 of each n8 tile, so a row's max is the max of its
-                             quad of lanes (`quad_max`); the running sum stays per lane until
-                             the end
+    online softmax           on S's accumulators (`attention_softmax.py`): a lane holds rows g
+                             and g + 8, columns 2t and 2t + 1 of each n8 tile, so a row's max
+                             is the max of its quad of lanes (`quad_max`); the running sum
+                             stays per lane until the end
     O[16, D] += P V          S's accumulators rounded to bf16 are P's A fragments as they lie
                              (`bf16x2`); V's come by ldmatrix.trans from V stored [key, dim].
                              P goes in twice: its bf16 rounding, then the rounding's
@@ -39,8 +39,9 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda, float32
 
-from tinyvllm.kernels.attention_common import LOG2_E, rescale
+from tinyvllm.kernels.attention_common import LOG2_E
 from tinyvllm.kernels.attention_fp16 import fp16_fold
+from tinyvllm.kernels.attention_softmax import tile_softmax
 from tinyvllm.kernels.device.mma import (
     MMA_K,
     MMA_M,
@@ -52,10 +53,9 @@ from tinyvllm.kernels.device.mma import (
     ldmatrix_x4,
     ldmatrix_x4_trans,
     mma_bf16_16816,
-    quad_max,
     quad_sum,
 )
-from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
+from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, low_half
 
 WARPS = 8
@@ -79,6 +79,12 @@ def tile_shape(head_dim: int) -> tuple[int, int]:
 def check_head_dim(head_dim: int) -> None:
     if head_dim % MMA_K or head_dim > 256:
         raise ValueError(f"head_dim {head_dim}: the tensor-core attention needs a multiple of {MMA_K} up to 256")
+
+
+def flash_bounds(head_dim: int, threads: int) -> dict:
+    """`cuda.jit` launch bounds of a flash kernel: two blocks an SM (128 registers a thread) up to
+    D = 64; none past it, where the tiles need more (180 registers at D = 128)."""
+    return launch_bounds(threads, 2) if head_dim <= 64 else {}
 
 
 def block_rows() -> int:
@@ -118,13 +124,13 @@ def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
     dim_tiles = head_dim // MMA_N
     key_tiles = keys // MMA_N
     key_steps = keys // MMA_K
+    tile_keys = np.int32(keys)  # Numba types a global np.int32 as int32, a Python int as int64
     stride = head_dim + PAD
     tile_elements = keys * stride
     chunks_per_key = head_dim // VECTOR
     tile_chunks = keys * chunks_per_key
     chunks_per_thread = -(-tile_chunks // threads)
     whole = tile_chunks % threads == 0  # else (a small D) the last round leaves threads idle
-    scale = float32(LOG2_E / math.sqrt(head_dim))
     head_dim_u = np.uint32(head_dim)
 
     @cuda.jit(device=True, inline=True)
@@ -156,10 +162,10 @@ def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
         for c in range(chunks_per_thread):
             inside, key, column = chunk_at(c)
             if inside:
-                position = min(np.uint32(tile_start) + key, np.uint32(end - 1))
-                offset = np.uint64(table[position >> shift]) * block_stride + np.uint64(
-                    (position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column
-                )
+                # 32-bit within the cache block (Numba widens uint32 + uint32 to 64 bits); 64-bit for its base only
+                position = min(np.uint32(np.uint32(tile_start) + key), np.uint32(end - 1))
+                within = np.uint32((position & row_mask) * row_stride + np.uint32(kv_head) * head_dim_u + column)
+                offset = np.uint64(np.uint32(table[position >> shift])) * block_stride + np.uint64(within)
                 target = base + key * stride + column
                 cp_async_16(k_tiles, target, k_flat, offset)
                 cp_async_16(v_tiles, target, v_flat, offset)
@@ -193,42 +199,7 @@ def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
                 mma_into(scores, j, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b00, b01)
                 mma_into(scores, j + 1, query[s, 0], query[s, 1], query[s, 2], query[s, 3], b10, b11)
 
-    @cuda.jit(device=True, inline=True)
-    def softmax_tile(scores, tile_start, last0, last1, out, maxes, sums):
-        """Scale and mask the tile's scores, fold their maxima into the rows' states, and
-        leave the unnormalised probabilities in `scores`."""
-        t2 = 2 * (cuda.threadIdx.x % 4)
-        tile_max0, tile_max1 = float32(-math.inf), float32(-math.inf)
-        for j in range(key_tiles):
-            key = tile_start + MMA_N * j + t2
-            for c in range(4):
-                last = last0 if c < 2 else last1
-                score = scores[j, c] * scale if key + c % 2 <= last else float32(-math.inf)
-                scores[j, c] = score
-            tile_max0 = max(tile_max0, max(scores[j, 0], scores[j, 1]))
-            tile_max1 = max(tile_max1, max(scores[j, 2], scores[j, 3]))
-        new0 = max(maxes[0], quad_max(tile_max0))
-        new1 = max(maxes[1], quad_max(tile_max1))
-        factor0, factor1 = rescale(maxes[0], new0), rescale(maxes[1], new1)
-        maxes[0], maxes[1] = new0, new1
-        # a row with no key seen yet keeps weight 0 rather than exp2(-inf + inf)
-        base0 = new0 if new0 != -math.inf else float32(0.0)
-        base1 = new1 if new1 != -math.inf else float32(0.0)
-        sum0, sum1 = sums[0] * factor0, sums[1] * factor1
-        for j in range(key_tiles):
-            for c in range(4):
-                weight = math.exp2(scores[j, c] - (base0 if c < 2 else base1))
-                scores[j, c] = weight
-                if c < 2:
-                    sum0 += weight
-                else:
-                    sum1 += weight
-        sums[0], sums[1] = sum0, sum1
-        for n in range(dim_tiles):
-            out[n, 0] *= factor0
-            out[n, 1] *= factor0
-            out[n, 2] *= factor1
-            out[n, 3] *= factor1
+    softmax_tile = tile_softmax(keys, dim_tiles, LOG2_E / math.sqrt(head_dim))
 
     @cuda.jit(device=True, inline=True)
     def split_pair(low, high):
@@ -264,9 +235,10 @@ def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
 
 def bf16x2_fold(parts: SimpleNamespace):
     """`flash_tiles`'s fold with P V in two bf16 passes (`pv_bf16x2`)."""
-    issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2, keys, tile_elements, key_tiles = attrgetter(
-        "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2", "keys", "tile_elements", "key_tiles"
+    issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2 = attrgetter(
+        "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2"
     )(parts)
+    keys, tile_keys, tile_elements, key_tiles = attrgetter("keys", "tile_keys", "tile_elements", "key_tiles")(parts)
     buffers_shape, scores_shape = 2 * tile_elements, (key_tiles, 4)
 
     # --8<-- [start:fold]
@@ -278,10 +250,11 @@ def bf16x2_fold(parts: SimpleNamespace):
         scores = cuda.local.array(scores_shape, float32)
         k_lane, v_lane = lane_offsets()
         issue(k_flat, v_flat, table, kv_head, start, end, shift, k_tiles, v_tiles, 0)
-        for tile_start in range(start, end, keys):
-            base = (tile_start - start) // keys % 2 * tile_elements
-            if tile_start + keys < end:
-                issue(k_flat, v_flat, table, kv_head, tile_start + keys, end, shift, k_tiles, v_tiles,
+        # int32 positions: Numba's default int64 doubles every add and compare
+        for tile_start in range(np.int32(start), np.int32(end), tile_keys):
+            base = np.uint32(tile_start - start) // np.uint32(keys) % np.uint32(2) * np.uint32(tile_elements)
+            if np.int32(tile_start + tile_keys) < np.int32(end):
+                issue(k_flat, v_flat, table, kv_head, tile_start + tile_keys, end, shift, k_tiles, v_tiles,
                       tile_elements - base)  # fmt: skip
             else:
                 cp_async_commit()  # an empty group, so that one wait rule serves every tile

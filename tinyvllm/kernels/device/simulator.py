@@ -17,6 +17,7 @@ Numba's switch, and this table is the whole list of what it changes:
 | `prefetch_l2`: `prefetch.global.L2` | nothing | no inline PTX | `device/vector_io.py` |
 | PDL's `griddepcontrol` instructions and launch attribute | nothing; `pdl.supported()` is false | no inline PTX, no launch attributes | `device/pdl.py` |
 | `mma.sync` m16n8k16 bf16 and f16, `ldmatrix` x4 (and `.trans`), `cvt.rn.bf16x2` and `cvt.rn.f16x2` (inline PTX), quad shuffles | Python: the warp's fragments meet in a per-warp slot list and `threading.Barrier`, the same layout | no inline PTX, no shuffles or `syncwarp` | `device/mma.py` |
+| `exp2_ftz`: `ex2.approx.ftz.f32` (inline PTX) | float64 exp2 of the float32 argument, subnormal arguments and results flushed to 0 | no inline PTX | `device/fast_exp.py` |
 | `cp.async` 16 bytes (or zero-filled), `commit_group`, `wait_group` | a copy (or zeros) at once; nothing | no inline PTX | `device/mma.py` |
 | the GPU's SM count | the H200's 132 | the simulator reports none | `device/multiprocessors.py` |
 | 16-byte aligned shared arrays | no alignment | the simulator refuses the argument | `device/simulator.py` (`SHARED_ALIGNMENT`) |
