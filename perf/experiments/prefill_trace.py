@@ -3,15 +3,16 @@
     python -m perf.experiments.prefill_trace [--model llama-1b] [--prompts 64] [--prompt-len 1024]
 
 `perf/profile_prefill.py` times each operator alone behind a hold kernel, and each step's span
-on the GPU: on an H100 (2026-12-07) the operators of an 8,192-token step added up to 29.5 ms
-while the steps' spans were 32.1 ms with no idle time between steps. This script tells the
-two apart: it runs the same all-prompts prefill (after a warm-up of the same shapes) under
-torch's profiler (CUPTI, as `perf/timeline_step.py` does; the engine never imports torch) and
-reads every kernel's start and end on the GPU. It reports the kernels' summed durations by
-name, the run's span, the time no kernel ran (the gaps between one kernel's end and the next
-one's start) and the largest gaps with the kernels on either side. Profiling slows the host's
-launches; a gap behind a slow launch shows here that would not without the profiler, so the
-gaps are an upper bound. Results: perf/results/experiments/prefill_trace.json.
+on the GPU, and the operators of a step can add up to less than its span with no idle time
+between steps (`perf/LOG.md`, 2026-12-07). This script tells idle time inside a step from
+kernels that run longer there than alone: it runs the same all-prompts prefill (after a warm-up
+of the same shapes) under torch's profiler (CUPTI, as `perf/timeline_step.py` does; the engine
+never imports torch) and reads every kernel's start and end on the GPU. It reports the kernels'
+summed durations by name, the run's span, the time no kernel ran (the gaps between one kernel's
+end and the next one's start) and the largest gaps with the kernels on either side. Profiling
+slows the host's launches; a gap behind a slow launch shows here that would not without the
+profiler, so the gaps are an upper bound.
+Results: perf/results/experiments/prefill_trace.json.
 """
 
 import argparse
