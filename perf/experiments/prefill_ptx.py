@@ -12,10 +12,18 @@ that process, so they change with unrelated code) and the unused `.common` envir
 sorted: `diff` of two such folders then shows only changes in what the kernel does. With
 `--modes bf16x2` it runs on trees whose `prefill_attention` has no p_precision argument, so a
 tree from before can be compared with one after (`git archive`, PYTHONPATH at it).
+
+`--sass` (needs `nvdisasm` on PATH too) also counts the key-tile loop in the kernel's SASS: the
+backward branch whose span holds the most HMMA (`tile_loop`), its instructions in all, its HMMA,
+its MUFU.EX2 and its 64-bit integer compares (`ISETP` with `.EX`). The count is of the loop's
+text: a tile that skips a branch inside it (the mask, a rescale, the bf16 fall-back) runs fewer.
 """
 
 import argparse
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +35,10 @@ from tinyvllm.kernels.attention_prefill import prefill_attention
 Q_HEADS, KV_HEADS, BLOCK_SIZE, TOKENS = 32, 8, 16, 64
 HEAD_DIMS = (64, 128)
 MMA_TYPES = ("bf16", "f16")
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+SASS_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
+COMPARE_64BIT = re.compile(r"ISETP\.\S*\.EX\b")  # the high word's compare of a 64-bit one
 FUNCTION_UID = re.compile(r"B\d+v\d+B")
 SHARED_ARRAY = re.compile(r"_cudapy_smem_\d+")
 
@@ -45,6 +57,38 @@ def prefill_launch(head_dim: int, mode: str):
     return launch
 
 
+def tile_loop(sass: str) -> dict:
+    """The key-tile loop of nvdisasm's SASS of a flash kernel: of the loops (a branch back to a
+    label at or before it), the one whose span holds the most HMMA; its instruction counts."""
+    instructions, labels = [], {}
+    for line in sass.splitlines():
+        label = SASS_LABEL.match(line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+        elif found := SASS_INSTRUCTION.search(line):
+            instructions.append(found.group(2))
+    loops = []
+    for end, text in enumerate(instructions):
+        target = SASS_BRANCH.search(text)
+        if target and labels.get(target.group(1), end + 1) <= end:
+            body = instructions[labels[target.group(1)] : end + 1]
+            loops.append((sum("HMMA" in op for op in body), body))
+    if not loops:
+        raise ValueError("no loop in the SASS")
+    mmas, body = max(loops, key=lambda loop: loop[0])
+    return {"instructions": len(body), "hmma": mmas, "mufu_ex2": sum("MUFU.EX2" in op for op in body),
+            "compares_64bit": sum(bool(COMPARE_64BIT.search(op)) for op in body)}  # fmt: skip
+
+
+def sass_of(ptx: str) -> str:
+    """nvdisasm's SASS of the PTX assembled for sm_90."""
+    with tempfile.TemporaryDirectory() as folder:
+        source, cubin = Path(folder) / "kernel.ptx", Path(folder) / "kernel.cubin"
+        source.write_text(ptx)
+        subprocess.run(["ptxas", "-arch=sm_90", str(source), "-o", str(cubin)], check=True)
+        return subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 def normalised(ptx: str) -> str:
     """The PTX without what differs between processes compiling the same kernel."""
     shared = {name: f"_cudapy_smem_{k}" for k, name in enumerate(dict.fromkeys(SHARED_ARRAY.findall(ptx)))}
@@ -59,10 +103,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write each kernel's normalised PTX here")
     parser.add_argument("--modes", nargs="+", default=["bf16x2", "fp16"], help="P precisions to compile")
+    parser.add_argument("--sass", action="store_true", help="count the tile loop's SASS (needs nvdisasm)")
     args = parser.parse_args()
+    if args.sass and shutil.which("nvdisasm") is None:
+        raise SystemExit("--sass needs nvdisasm on PATH (the nvidia-cuda-nvdisasm wheel)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     columns = f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6} {'mma bf16':>8} {'mma f16':>7}"
+    if args.sass:
+        columns += f" {'loop':>5} {'HMMA':>5} {'EX2':>4} {'cmp64':>5}"
     print(f"{'D':>4} {'p_precision':>11} {columns}")
     for head_dim in HEAD_DIMS:
         for mode in args.modes:
@@ -74,8 +123,12 @@ def main() -> None:
                 report = assemble(launch)
             mmas = [ptx.count(f"row.col.f32.{kind}.{kind}.f32") for kind in MMA_TYPES]
             spills = f"{report['spill_store_bytes']}/{report['spill_load_bytes']}"
-            print(f"{head_dim:>4} {mode:>11} {report['registers']:>4} {spills:>11} {report['stack_bytes']:>5} "
-                  f"{report['shared_bytes']:>6} {mmas[0]:>8} {mmas[1]:>7}")  # fmt: skip
+            row = (f"{head_dim:>4} {mode:>11} {report['registers']:>4} {spills:>11} {report['stack_bytes']:>5} "
+                   f"{report['shared_bytes']:>6} {mmas[0]:>8} {mmas[1]:>7}")  # fmt: skip
+            if args.sass:
+                loop = tile_loop(sass_of(ptx))
+                row += f" {loop['instructions']:>5} {loop['hmma']:>5} {loop['mufu_ex2']:>4} {loop['compares_64bit']:>5}"
+            print(row)
             if args.out:
                 (args.out / f"prefill_d{head_dim}_{mode}.ptx").write_text(normalised(ptx))
 
