@@ -127,7 +127,7 @@ whether it applies the norm)."""
 def _launched_per_call(backend: CudaBackend, patch: pytest.MonkeyPatch) -> list:
     """Wrap the simulator's launches and the backend's operators: each call's launches,
     as (operator, [(kernel function, grid), ...]). A launch is recorded, not run: what the
-    kernels compute is other tests' work, and simulating a step's took minutes."""
+    kernels compute is other tests' work, and simulating them took minutes a case."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
     calls, launches = [], []
