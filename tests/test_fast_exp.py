@@ -8,7 +8,6 @@ checks that it is one MUFU.EX2 with no subnormal fix-up around it.
 """
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -79,14 +78,14 @@ def test_kernel_matches_the_oracle():
 
 @pytest.mark.skipif(SIMULATOR or shutil.which("ptxas") is None, reason="needs NVVM and ptxas, no simulator")
 def test_compiles_to_one_mufu_without_fix_up():
-    from perf.experiments.mma_sass import compile_for_sm90
+    from perf.experiments.mma_sass import compile_for_sm90, disassemble
 
     signature = (types.float32[::1], types.float32[::1])
     with tempfile.TemporaryDirectory() as folder:
         ptx, _, cubin = compile_for_sm90(exp2_ftz_kernel, signature, Path(folder))
         if shutil.which("nvdisasm") is None:
             pytest.skip("the SASS check needs nvdisasm")
-        sass = subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        sass = disassemble(cubin)
     assert "ex2.approx.ftz.f32" in ptx
     assert sass.count("MUFU.EX2") == 1
     assert "-126" not in sass  # ptxas's subnormal fix-up compares the argument with -126

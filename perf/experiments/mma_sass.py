@@ -65,15 +65,25 @@ def ptx_for_sm90(kernel, signature) -> str:
     return ptx
 
 
-def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
-    """(PTX, ptxas -v's report, the cubin) of one kernel, under its launch bounds if it has them."""
-    ptx = ptx_for_sm90(kernel, signature)
+def assemble_for_sm90(ptx: str, folder: Path) -> tuple[str, Path]:
+    """(ptxas -v's report, the cubin in folder) of PTX."""
     source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
     source.write_text(ptx)
     arch = f"-arch=sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"
     report = subprocess.run(["ptxas", arch, "-v", str(source), "-o", str(cubin)], capture_output=True, text=True)
     report.check_returncode()
-    return ptx, report.stderr, cubin
+    return report.stderr, cubin
+
+
+def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
+    """(PTX, ptxas -v's report, the cubin) of one kernel, under its launch bounds if it has them."""
+    ptx = ptx_for_sm90(kernel, signature)
+    return ptx, *assemble_for_sm90(ptx, folder)
+
+
+def disassemble(cubin: Path) -> str:
+    """nvdisasm's SASS of a cubin."""
+    return subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
 def main() -> None:
@@ -90,7 +100,7 @@ def main() -> None:
             if shutil.which("nvdisasm") is None:
                 print("(nvdisasm not on PATH: no SASS)")
                 continue
-            sass = subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+            sass = disassemble(cubin)
             print(f"== {name}: SASS")
             print("\n".join(line.strip() for line in sass.splitlines() if SASS_OF_INTEREST.search(line)))
 

@@ -22,13 +22,13 @@ text: a tile that skips a branch inside it (the mask, a rescale, the bf16 fall-b
 import argparse
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
+from perf.experiments.mma_sass import assemble_for_sm90, disassemble
 from perf.kernel_registers import H200, assemble, stand_in_h200
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
@@ -83,10 +83,8 @@ def tile_loop(sass: str) -> dict:
 def sass_of(ptx: str) -> str:
     """nvdisasm's SASS of the PTX assembled for sm_90."""
     with tempfile.TemporaryDirectory() as folder:
-        source, cubin = Path(folder) / "kernel.ptx", Path(folder) / "kernel.cubin"
-        source.write_text(ptx)
-        subprocess.run(["ptxas", "-arch=sm_90", str(source), "-o", str(cubin)], check=True)
-        return subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        _, cubin = assemble_for_sm90(ptx, Path(folder))
+        return disassemble(cubin)
 
 
 def normalised(ptx: str) -> str:
