@@ -24,6 +24,7 @@ import re
 import statistics
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,24 +57,34 @@ def kernel_label(event: dict) -> str:
     return f"{function}{tag} {grid}x{event['args']['block'][0]}"
 
 
-def replay_kernels(engine: LLMEngine, bucket: int) -> list[list[dict]]:
-    """The kernel events of REPLAYS replays of one bucket's decode graph, one list per replay."""
+def profiled_kernels(run: Callable[[], None]) -> list[dict]:
+    """The GPU's kernel events, in start order, of what run() launches and waits for, read
+    under torch's profiler (CUPTI)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.init()
-    backend, graphs = engine.runner.backend, engine.runner.graphs
-    replays = []
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run()
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(REPLAYS):
-            backend.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-                backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, False])
-                backend.synchronize()
-            trace = Path(scratch) / "trace.json"
-            profiler.export_chrome_trace(str(trace))
-            events = json.loads(trace.read_text())["traceEvents"]
-            replays.append(sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"]))
+        trace = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+def replay_kernels(engine: LLMEngine, bucket: int) -> list[list[dict]]:
+    """The kernel events of REPLAYS replays of one bucket's decode graph, one list per replay."""
+    backend, graphs = engine.runner.backend, engine.runner.graphs
+
+    def replay() -> None:
+        backend.launch_graph(graphs.graphs[bucket, PLAIN_SAMPLER, False])
+        backend.synchronize()
+
+    replays = []
+    for _ in range(REPLAYS):
+        backend.synchronize()
+        replays.append(profiled_kernels(replay))
     return replays
 
 

@@ -17,14 +17,13 @@ Results: perf/results/experiments/prefill_trace.json.
 
 import argparse
 import json
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from perf.models import model_dir
-from perf.timeline_step import kernel_label
+from perf.timeline_step import kernel_label, profiled_kernels
 from perf.timing import result_header
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.sampling_params import SamplingParams
@@ -35,23 +34,17 @@ TOP_GAPS = 15
 
 def traced_kernels(engine: LLMEngine, prompts: list[list[int]]) -> list[dict]:
     """The GPU's kernel events, in start order, of running `prompts` to one token each."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.init()
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(prompt, params, final_only=True)
-    engine.runner.backend.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+
+    def drain() -> None:
         while engine.has_unfinished_requests():
             engine.step()
         engine.runner.backend.synchronize()
-    with tempfile.TemporaryDirectory() as scratch:
-        trace = Path(scratch) / "trace.json"
-        profiler.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+    engine.runner.backend.synchronize()
+    return profiled_kernels(drain)
 
 
 def summarize(kernels: list[dict]) -> dict:
