@@ -14,10 +14,11 @@ token (QK^T and PV).
 
 Prefill of whole prompts, 1 x 4096 and 16 x 1024 tokens: naive (three kernels through a
 2 GB float32 score buffer) against flash prefill; plus a chunked prefill (4 x 512 new
-tokens behind 1536 cached ones), flash only. TFLOP/s counts the causal half. `--p-precision`
-also times flash prefill with P V in one float16 pass (`p_precision="fp16"`) beside the default
-two bf16 passes at those shapes, on the same inputs: their ratio, and the fp16 output's relative
-difference from the bf16x2 one (which is P-exact to about 2^-16).
+tokens behind 1536 cached ones), flash only, P V as the engine takes it (the variant table's
+PREFILL_P_PRECISION; `--sweep` too). TFLOP/s counts the causal half. `--p-precision` times
+flash prefill with P V in one float16 pass (`p_precision="fp16"`) beside two bf16 passes at
+those shapes, on the same inputs: their ratio, and the fp16 output's relative difference from
+the bf16x2 one (which is P-exact to about 2^-16).
 
 Cascade decode at batch 256, 192, 128 and 64, context 2112 of which the first 2048 tokens are the same
 blocks in every table: the engine's plain decode (`decode_attention`) against cascade
@@ -40,7 +41,7 @@ from numba import config, cuda
 
 from perf.attention_naive import naive_attention, naive_scratch_shape
 from perf.timing import copy_tbps, median_ms, random_bf16, result_header
-from tinyvllm.backends.variants import decode_partitions, decode_shape
+from tinyvllm.backends.variants import PREFILL_P_PRECISION, decode_partitions, decode_shape
 from tinyvllm.kernels import attention_decode, attention_tiles
 from tinyvllm.kernels.attention_cascade import (
     cascade_decode_attention,
@@ -205,8 +206,9 @@ def prefill_case(cache: Cache, num_seqs: int, new: int, cached: int, repeats: in
     q, k, v, paged, flops = prefill_inputs(cache, num_seqs, new, cached)
     tokens, cu_seqlens = q.shape[0], paged[3]
     out = random_bf16(tokens, Q_HEADS, HEAD_DIM)
-    flash = median_ms(lambda: prefill_attention(q, *paged, out), repeats=repeats)
-    row = {"shape": f"{num_seqs}x{new}+{cached}", "flash_ms": flash, "flash_tflops": flops / flash / 1e9}
+    flash = median_ms(lambda: prefill_attention(q, *paged, out, p_precision=PREFILL_P_PRECISION), repeats=repeats)
+    row = {"shape": f"{num_seqs}x{new}+{cached}", "p_precision": PREFILL_P_PRECISION, "flash_ms": flash,
+           "flash_tflops": flops / flash / 1e9}  # fmt: skip
     if with_naive:
         scores = cuda.device_array(naive_scratch_shape(tokens, Q_HEADS, new), np.float32)
         naive_out = random_bf16(tokens, Q_HEADS, HEAD_DIM)

@@ -67,7 +67,9 @@ class HeuristicResult(ctypes.Structure):
 
 def load_cublaslt() -> ctypes.CDLL:
     """The libcublasLt that CuPy's libcublas loaded (found in this process's memory map)."""
-    import cupy.cuda.cublas  # noqa: F401  (loads libcublas, and with it libcublasLt)
+    import cupy
+
+    ctypes.CDLL(cupy.cuda.cublas.__file__)  # libcublas, and with it libcublasLt
 
     maps = Path("/proc/self/maps").read_text().split("\n")
     path = next(line.split()[-1] for line in maps if "libcublasLt.so" in line)

@@ -65,6 +65,14 @@ VARIANTS = {
     "wide4_raster8_packed": GemmShape(
         block_n=256, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
     ),
+    # 128 x 256 tiles walking K 64 at a time: warps of 64 x 64, a third fewer ldmatrix an mma than 64 x 32
+    "wide_k64_swizzle3_raster8_packed": GemmShape(
+        block_n=256, block_k=64, swizzle=True, stages=3, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    "wide_k64_swizzle4_raster8_packed": GemmShape(
+        block_n=256, block_k=64, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
+    ),
+    "k64_swizzle4_raster8_packed": GemmShape(block_k=64, swizzle=True, stages=4, uniform=True, group_m=8, packed=True),
     # 256 x 128 tiles of 16 warps, one block an SM
     "tall_k64_swizzle3_raster8_packed": GemmShape(
         block_m=256, block_k=64, swizzle=True, stages=3, uniform=True, blocks_per_sm=1, group_m=8, packed=True
