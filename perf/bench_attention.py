@@ -67,7 +67,7 @@ PREFILLS = ((1, 4096, 0), (16, 1024, 0), (4, 512, 1536))
 """(sequences, new tokens each, cached tokens before them)."""
 CASCADE_SEQS = (256, 192, 128, 64)
 """Decode batches of cascade_case, each sharing 2,048 of 2,112 tokens."""
-PREFILL_SWEEP = ((8, 32), (8, 64), (4, 32), (4, 64), (2, 64))
+PREFILL_SWEEP = ((8, 64), (8, 32), (4, 32), (4, 64), (2, 64))
 """(attention_tiles.WARPS, attention_tiles.MAX_KEYS) variants; the first is the default."""
 DECODE_SWEEP = ((128, 4), (128, 2), (64, 4), (256, 4), (256, 2))
 """(DECODE_THREADS, TOKENS_PER_STEP) variants; the first is the default."""

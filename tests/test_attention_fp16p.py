@@ -123,7 +123,7 @@ def set_value(batch, sequence: int, position: int, value: float) -> None:
 
 def short_and_long(seed: int):
     """Sequence 0 (3 new of 7 tokens) fits in one tile of keys; sequence 1 spans several."""
-    keys = attention_tiles.tile_shape(32)[1]
+    keys = attention_tiles.tile_shape(32, "fp16")[1]
     return paged_batch(np.random.default_rng(seed), [3, 5], [7, 3 * keys + 5], 2, 3, 32, 4)
 
 
@@ -146,10 +146,24 @@ def test_tiles_past_float16_range_mixed_with_tiles_in_it():
     """Sequence 1's second tile falls back, its others do not: every row, sequence 0's too (a
     finite 2^17 in its tile), within the bound, which covers both paths."""
     batch = short_and_long(8)
-    keys = attention_tiles.tile_shape(32)[1]
+    keys = attention_tiles.tile_shape(32, "fp16")[1]
     set_value(batch, 0, 2, 2.0**17)
     set_value(batch, 1, keys + 3, -(2.0**20))
     assert_within(run_prefill(batch, "fp16", 2), *reference_and_bound(batch))
+
+
+def test_the_float16_fold_walks_longer_tiles_than_the_two_pass_one():
+    """Each fold takes its own key tile (`tile_shape`): with the two-pass fold capped below the
+    float16 one, a sequence spanning several tiles of either comes out within the bound both ways."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention_tiles, "MAX_KEYS", 32)
+        patch.setattr(attention_tiles, "BF16X2_MAX_KEYS", 16)
+        assert attention_tiles.tile_shape(32, "fp16")[1] == 32
+        assert attention_tiles.tile_shape(32, "bf16x2")[1] == 16
+        batch = paged_batch(np.random.default_rng(9), [3, 2], [40, 2], 2, 2, 32, 4)
+        expected, bound = reference_and_bound(batch)
+        for p_precision in ("fp16", "bf16x2"):
+            assert_within(run_prefill(batch, p_precision), expected, bound)
 
 
 @cuda.jit

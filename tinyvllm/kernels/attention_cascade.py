@@ -213,7 +213,7 @@ def cascade_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, workspace, num_partitions, True, stream, shared_len
     )
     group = num_heads // num_kv_heads
-    threads, keys = tile_shape(head_dim)
+    threads, keys = tile_shape(head_dim, p_precision)
     rows = block_rows()
     kernel = _shared_prefix_kernel(head_dim, group, threads, keys, rows, p_precision)
     grid = (num_kv_heads, -(-num_seqs // (rows // group)), shared_partitions)

@@ -127,7 +127,7 @@ def prefill_attention(
     rows = block_rows()
     if group > rows:
         raise ValueError(f"prefill: {group} query heads a KV head, at most {rows}")
-    threads, keys = tile_shape(head_dim)
+    threads, keys = tile_shape(head_dim, p_precision)
     kernel = _prefill_kernel(head_dim, group, threads, keys, rows, p_precision)
     grid = (num_kv_heads, num_tokens // (rows // group) + num_seqs)
     k_flat, v_flat = k_cache.reshape(-1), v_cache.reshape(-1)

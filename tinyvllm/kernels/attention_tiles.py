@@ -27,8 +27,9 @@ reads start in 8 different 16-byte bank groups. A key past the range is loaded f
 range's last key (finite: a poisoned cache row would make 0 x NaN = NaN in the product) and
 its score is masked to -inf. Scores are in base 2 (`attention_common`).
 
-Registers a lane: Q D / 4 words, S keys / 2 and O D / 2 floats: 16 + 16 + 32 at D = 64.
-Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 18 KB at D = 64 and 32 keys.
+Registers a lane: Q D / 4 words, S keys / 2 and O D / 2 floats: 16 + 32 + 32 at D = 64 and
+64 keys. Shared memory: 2 buffers x (K, V) x keys x (D + 8) x 2 bytes, 36 KB at D = 64 and 64
+keys (the float16 fold adds a V tile: 9 KB).
 """
 
 import functools
@@ -59,21 +60,29 @@ from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, low_half
 
 WARPS = 8
-MAX_KEYS = 32
+MAX_KEYS = 64
 TILE_ELEMENTS = 4096
-"""keys x D of one staged tile at most: 32 keys at D = 64 and 128, 16 at D = 256 (static shared
-memory is 48 KB). Eight warps and 32 keys beat four and 64 on the H200 (0.456 against 0.500 ms
-at 1 x 4,096 tokens, 0.567 against 0.629 at 16 x 1,024: perf/bench_attention.py --sweep,
-2026-12-04): half the score registers a lane, and one staged tile serves twice the rows."""
+"""keys x D of one staged tile at most: 64 keys at D = 64, 32 at 128, 16 at 256 (static shared
+memory is 48 KB: the float16 fold's two buffers of K and V and its V copy take 45 KB at 64 x 64).
+On an H100, with P V in one float16 pass, eight warps and 64 keys beat 32 keys and four warps
+(1 x 4,096 tokens 0.334 ms against 0.357 and 0.435 at 4 x 64; 16 x 1,024 0.448 against 0.472:
+perf/bench_attention.py --sweep, 2026-12-07): eight warps share one staged tile, and a tile of
+64 keys halves the barriers and copy rounds a key."""
+BF16X2_MAX_KEYS = 32
+"""The two-pass fold's cap: at 64 keys its score, P and remainder registers spill 40 bytes (D = 64,
+ptxas for sm_90), so it keeps 32 (cascade's shared kernel, and prefill asked for "bf16x2")."""
 PAD = 8
 """Elements after each shared row: D + 8 bf16 is an odd number of 16-byte groups."""
 P_PRECISIONS = ("bf16x2", "fp16")
 """How P V takes P: two bf16 passes (`pv_bf16x2`), or one float16 pass (`attention_fp16.py`)."""
 
 
-def tile_shape(head_dim: int) -> tuple[int, int]:
-    """(threads, keys a tile) of a block for this head size."""
-    return WARPS * 32, max(MMA_K, min(MAX_KEYS, TILE_ELEMENTS // head_dim))
+def tile_shape(head_dim: int, p_precision: str) -> tuple[int, int]:
+    """(threads, keys a tile) of a block for this head size and fold (`P_PRECISIONS`)."""
+    keys = min(MAX_KEYS, TILE_ELEMENTS // head_dim)
+    if p_precision == "bf16x2":
+        keys = min(keys, BF16X2_MAX_KEYS)
+    return WARPS * 32, max(MMA_K, keys)
 
 
 def check_head_dim(head_dim: int) -> None:
