@@ -25,14 +25,12 @@ from operator import attrgetter
 from types import SimpleNamespace
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 from tinyvllm.kernels.device.mma import (
     MMA_K,
     MMA_N,
     bf16x2_to_f16x2,
-    cp_async_commit,
-    cp_async_wait,
     f16x2,
     ldmatrix_x4_trans,
     mma_f16_16816,
@@ -51,16 +49,14 @@ def out_of_f16_range(word):
     return ((word & np.uint32(0x7FFF)) >= limit) | (((word >> np.uint32(16)) & np.uint32(0x7FFF)) >= limit)
 
 
-def fp16_fold(parts: SimpleNamespace):
-    """`flash_tiles`'s fold with P V in one float16 pass (`parts`: `attention_tiles.tile_parts`)."""
-    issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2, chunk_at = attrgetter(
-        "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2", "chunk_at"
+def fp16_step(parts: SimpleNamespace):
+    """`attention_tiles.tile_walk`'s step with P V in one float16 pass (`parts`: `attention_tiles.tile_parts`)."""
+    tile_scores, softmax_tile, pv_bf16x2, chunk_at = attrgetter("tile_scores", "softmax_tile", "pv_bf16x2", "chunk_at")(
+        parts
+    )
+    stride, tile_elements, chunks_per_thread, key_steps, dim_tiles = attrgetter(
+        "stride", "tile_elements", "chunks_per_thread", "key_steps", "dim_tiles"
     )(parts)
-    keys, tile_keys, stride, tile_elements, chunks_per_thread, key_steps, dim_tiles, key_tiles = attrgetter(
-        "keys", "tile_keys", "stride", "tile_elements", "chunks_per_thread", "key_steps", "dim_tiles", "key_tiles"
-    )(parts)
-    # constants: Numba sizes shared arrays at compile time
-    buffers_shape, scores_shape = 2 * tile_elements, (key_tiles, 4)
 
     @cuda.jit(device=True, inline=True)
     def convert_own_chunks(v_tiles, base, v_half):
@@ -95,32 +91,16 @@ def fp16_fold(parts: SimpleNamespace):
                 mma_f16_into(out, n + 1, a0, a1, a2, a3, b10, b11)
 
     @cuda.jit(device=True, inline=True)
-    def fold(k_flat, v_flat, table, kv_head, start, end, shift, last0, last1, query, out, maxes, sums):
-        k_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
-        v_tiles = cuda.shared.array(buffers_shape, np.uint16, alignment=SHARED_ALIGNMENT)
+    def step(k_tiles, v_tiles, base, k_lane, v_lane, tile_start, last0, last1, query, scores, out, maxes, sums):
         v_half = cuda.shared.array(tile_elements, np.uint16, alignment=SHARED_ALIGNMENT)
-        scores = cuda.local.array(scores_shape, float32)
-        k_lane, v_lane = lane_offsets()
-        issue(k_flat, v_flat, table, kv_head, start, end, shift, k_tiles, v_tiles, 0)
-        # int32 positions: Numba's default int64 doubles every add and compare
-        for tile_start in range(np.int32(start), np.int32(end), tile_keys):
-            base = np.uint32(tile_start - start) // np.uint32(keys) % np.uint32(2) * np.uint32(tile_elements)
-            if np.int32(tile_start + tile_keys) < np.int32(end):
-                issue(k_flat, v_flat, table, kv_head, tile_start + tile_keys, end, shift, k_tiles, v_tiles,
-                      tile_elements - base)  # fmt: skip
-            else:
-                cp_async_commit()
-            cp_async_wait(1)
-            # no barrier before the conversion: a thread's own copies are visible to it after the
-            # wait; v_half is free, the previous tile's closing barrier saw every warp done with it
-            wide = cuda.syncthreads_or(convert_own_chunks(v_tiles, base, v_half))
-            tile_scores(k_tiles, base + k_lane, query, scores)
-            softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
-            if wide:  # the same for the whole block, so every warp takes the same path
-                pv_bf16x2(v_tiles, base + v_lane, scores, out)
-            else:
-                pv_fp16(v_half, v_lane, scores, out)
-            cuda.syncthreads()
-        cp_async_wait(0)
+        # no barrier before the conversion: a thread's own copies are visible to it after the
+        # wait; v_half is free, the previous tile's closing barrier saw every warp done with it
+        wide = cuda.syncthreads_or(convert_own_chunks(v_tiles, base, v_half))
+        tile_scores(k_tiles, base + k_lane, query, scores)
+        softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
+        if wide:  # the same for the whole block, so every warp takes the same path
+            pv_bf16x2(v_tiles, base + v_lane, scores, out)
+        else:
+            pv_fp16(v_half, v_lane, scores, out)
 
-    return fold
+    return step

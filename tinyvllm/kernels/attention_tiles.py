@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, float32
 
 from tinyvllm.kernels.attention_common import LOG2_E
-from tinyvllm.kernels.attention_fp16 import fp16_fold
+from tinyvllm.kernels.attention_fp16 import fp16_step
 from tinyvllm.kernels.attention_softmax import tile_softmax
 from tinyvllm.kernels.device.mma import (
     MMA_K,
@@ -117,8 +117,8 @@ def flash_tiles(head_dim: int, threads: int, keys: int, p_precision: str = "bf16
     caller empties them (`empty_state`). `p_precision` picks fold's P V (`P_PRECISIONS`)."""
     check_p_precision(p_precision)
     parts = tile_parts(head_dim, threads, keys)
-    fold = fp16_fold(parts) if p_precision == "fp16" else bf16x2_fold(parts)
-    return parts.load_query, fold, parts.finish
+    step = fp16_step(parts) if p_precision == "fp16" else bf16x2_step(parts)
+    return parts.load_query, tile_walk(parts, step), parts.finish
 
 
 def check_p_precision(p_precision: str) -> None:
@@ -242,11 +242,27 @@ def tile_parts(head_dim: int, threads: int, keys: int) -> SimpleNamespace:
     return SimpleNamespace(**locals())
 
 
-def bf16x2_fold(parts: SimpleNamespace):
-    """`flash_tiles`'s fold with P V in two bf16 passes (`pv_bf16x2`)."""
-    issue, lane_offsets, tile_scores, softmax_tile, pv_bf16x2 = attrgetter(
-        "issue", "lane_offsets", "tile_scores", "softmax_tile", "pv_bf16x2"
-    )(parts)
+def bf16x2_step(parts: SimpleNamespace):
+    """`tile_walk`'s step with P V in two bf16 passes (`pv_bf16x2`)."""
+    tile_scores, softmax_tile, pv_bf16x2 = attrgetter("tile_scores", "softmax_tile", "pv_bf16x2")(parts)
+
+    # --8<-- [start:step]
+    @cuda.jit(device=True, inline=True)
+    def step(k_tiles, v_tiles, base, k_lane, v_lane, tile_start, last0, last1, query, scores, out, maxes, sums):
+        cuda.syncthreads()
+        tile_scores(k_tiles, base + k_lane, query, scores)
+        softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
+        pv_bf16x2(v_tiles, base + v_lane, scores, out)
+
+    # --8<-- [end:step]
+    return step
+
+
+def tile_walk(parts: SimpleNamespace, step):
+    """`flash_tiles`'s fold: the K and V tiles of the range double-buffered through `cp.async`, and
+    `step(k_tiles, v_tiles, base, ...)` on each once its copies are in (the step's first barrier
+    makes them the block's); a fold's P precision is its step (`bf16x2_step`, `fp16_step`)."""
+    issue, lane_offsets = attrgetter("issue", "lane_offsets")(parts)
     keys, tile_keys, tile_elements, key_tiles = attrgetter("keys", "tile_keys", "tile_elements", "key_tiles")(parts)
     buffers_shape, scores_shape = 2 * tile_elements, (key_tiles, 4)
 
@@ -268,10 +284,7 @@ def bf16x2_fold(parts: SimpleNamespace):
             else:
                 cp_async_commit()  # an empty group, so that one wait rule serves every tile
             cp_async_wait(1)
-            cuda.syncthreads()
-            tile_scores(k_tiles, base + k_lane, query, scores)
-            softmax_tile(scores, tile_start, last0, last1, out, maxes, sums)
-            pv_bf16x2(v_tiles, base + v_lane, scores, out)
+            step(k_tiles, v_tiles, base, k_lane, v_lane, tile_start, last0, last1, query, scores, out, maxes, sums)
             cuda.syncthreads()  # every warp is done with this buffer before it is refilled
         cp_async_wait(0)
 
