@@ -199,9 +199,16 @@ def decode_step(config: ModelConfig, batch: int, context: int) -> Iterator[tuple
     )
 
 
-def assemble(launch: Launch) -> dict:
-    """ptxas -v's report on the launch's kernel, compiled for sm_90."""
+def launch_ptx(launch: Launch) -> str:
+    """NVVM's PTX of the launch's kernel for sm_90 (the H200's compute capability)."""
     ptx, _ = cuda.compile_ptx(launch.py_func, launch.signature, cc=H200.compute_capability, **launch.options)
+    return ptx
+
+
+def assemble(launch: Launch, ptx: str | None = None) -> dict:
+    """ptxas -v's report on the launch's kernel, compiled for sm_90 (from `ptx` when given: its
+    `launch_ptx`, made already)."""
+    ptx = launch_ptx(launch) if ptx is None else ptx
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
         source.write_text(ptx)

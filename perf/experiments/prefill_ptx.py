@@ -26,10 +26,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from numba import cuda
 
 from perf.experiments.mma_sass import assemble_for_sm90, disassemble
-from perf.kernel_registers import H200, assemble, stand_in_h200
+from perf.kernel_registers import assemble, launch_ptx, stand_in_h200
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 Q_HEADS, KV_HEADS, BLOCK_SIZE, TOKENS = 32, 8, 16, 64
@@ -115,10 +114,8 @@ def main() -> None:
         for mode in args.modes:
             launch = prefill_launch(head_dim, mode)
             with stand_in_h200([]):
-                ptx, _ = cuda.compile_ptx(
-                    launch.py_func, launch.signature, cc=H200.compute_capability, **launch.options
-                )
-                report = assemble(launch)
+                ptx = launch_ptx(launch)
+                report = assemble(launch, ptx)
             mmas = [ptx.count(f"row.col.f32.{kind}.{kind}.f32") for kind in MMA_TYPES]
             spills = f"{report['spill_store_bytes']}/{report['spill_load_bytes']}"
             row = (f"{head_dim:>4} {mode:>11} {report['registers']:>4} {spills:>11} {report['stack_bytes']:>5} "
