@@ -205,19 +205,22 @@ def launch_ptx(launch: Launch) -> str:
     return ptx
 
 
-def assemble(launch: Launch, ptx: str | None = None) -> dict:
-    """ptxas -v's report on the launch's kernel, compiled for sm_90 (from `ptx` when given: its
-    `launch_ptx`, made already)."""
-    ptx = launch_ptx(launch) if ptx is None else ptx
+def assemble(launch: Launch) -> dict:
+    """ptxas -v's report on the launch's kernel, compiled for sm_90 (`ptxas_report`)."""
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
-        source.write_text(ptx)
+        source.write_text(launch_ptx(launch))
         report = subprocess.run(
             ["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(Path(folder) / "kernel.cubin")],
             capture_output=True,
             text=True,
             check=True,
         ).stderr
+    return ptxas_report(report)
+
+
+def ptxas_report(report: str) -> dict:
+    """Registers, spills, stack and shared memory a block, read from the text of ptxas -v."""
 
     def number(pattern: str) -> int:
         found = re.search(pattern, report)

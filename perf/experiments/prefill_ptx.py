@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from perf.experiments.mma_sass import assemble_for_sm90, disassemble
-from perf.kernel_registers import assemble, launch_ptx, stand_in_h200
+from perf.kernel_registers import launch_ptx, ptxas_report, stand_in_h200
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 Q_HEADS, KV_HEADS, BLOCK_SIZE, TOKENS = 32, 8, 16, 64
@@ -79,13 +79,6 @@ def tile_loop(sass: str) -> dict:
             "compares_64bit": sum(bool(COMPARE_64BIT.search(op)) for op in body)}  # fmt: skip
 
 
-def sass_of(ptx: str) -> str:
-    """nvdisasm's SASS of the PTX assembled for sm_90."""
-    with tempfile.TemporaryDirectory() as folder:
-        _, cubin = assemble_for_sm90(ptx, Path(folder))
-        return disassemble(cubin)
-
-
 def normalised(ptx: str) -> str:
     """The PTX without what differs between processes compiling the same kernel."""
     shared = {name: f"_cudapy_smem_{k}" for k, name in enumerate(dict.fromkeys(SHARED_ARRAY.findall(ptx)))}
@@ -115,13 +108,16 @@ def main() -> None:
             launch = prefill_launch(head_dim, mode)
             with stand_in_h200([]):
                 ptx = launch_ptx(launch)
-                report = assemble(launch, ptx)
+            with tempfile.TemporaryDirectory() as folder:  # one ptxas run for the report and the SASS
+                ptxas_text, cubin = assemble_for_sm90(ptx, Path(folder))
+                report = ptxas_report(ptxas_text)
+                sass = disassemble(cubin) if args.sass else ""
             mmas = [ptx.count(f"row.col.f32.{kind}.{kind}.f32") for kind in MMA_TYPES]
             spills = f"{report['spill_store_bytes']}/{report['spill_load_bytes']}"
             row = (f"{head_dim:>4} {mode:>11} {report['registers']:>4} {spills:>11} {report['stack_bytes']:>5} "
                    f"{report['shared_bytes']:>6} {mmas[0]:>8} {mmas[1]:>7}")  # fmt: skip
             if args.sass:
-                loop = tile_loop(sass_of(ptx))
+                loop = tile_loop(sass)
                 row += f" {loop['instructions']:>5} {loop['hmma']:>5} {loop['mufu_ex2']:>4} {loop['compares_64bit']:>5}"
             print(row)
             if args.out:
