@@ -24,7 +24,15 @@ from perf.experiments.gemm_variants import VARIANTS
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, poisoned, random_bf16, relative_error, widen
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.gemm import gemm
-from tinyvllm.kernels.gemm_tiles import BANK_GROUPS, STATIC_SHARED_BYTES, GemmShape, chunk_slot, grid, grouped_tile
+from tinyvllm.kernels.gemm_tiles import (
+    BANK_GROUPS,
+    GEMM_SHAPE,
+    STATIC_SHARED_BYTES,
+    GemmShape,
+    chunk_slot,
+    grid,
+    grouped_tile,
+)
 
 FLOAT32_TOLERANCE = 2e-5
 
@@ -191,6 +199,13 @@ def test_tall_tile_rows_all_branch_free():
 def test_tall_tiles_over_two_rows_of_tiles():
     """M = 300: the second row of tall tiles has one warp row cut by M and three outside Y."""
     check(VARIANTS[TALL], 300, 20, 16)
+
+
+def test_library_tile_walks_its_interior_loop_then_the_edges():
+    """M = block_m + 8: the first block wholly inside Y walks the slices whose refill lies
+    inside K with unpredicated copies (the interior loop), then the general loop's last two
+    whole slices and a partial one; the second block, cut by M, only the general loop."""
+    check(GEMM_SHAPE, GEMM_SHAPE.block_m + 8, GEMM_SHAPE.block_n, 3 * GEMM_SHAPE.block_k + 8, np.float32)
 
 
 def test_packed_variant_falls_back_on_odd_n_and_accumulates():

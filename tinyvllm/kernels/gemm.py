@@ -29,9 +29,13 @@ and s + 2 fly. One barrier a step. Each thread works its copies out once, before
 (`gemm_copies.py`), and the stages are counted, not taken modulo: in the loop a copy costs a
 few adds. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of static shared memory: the
 tiles are dynamic shared memory, which the kernel opts in to (`gemm_tiles.allow_dynamic_shared`).
-A warp wholly inside Y multiplies a whole slice with no branch among its loads and mmas;
-blocks go out in groups of 8 tile rows, so that the blocks resident at once share W's tiles
-in L2; the bf16 store writes two outputs as one word.
+A block wholly inside Y first walks, in a loop of its own, the steps whose refill lies wholly
+inside K: no predicate on its copies, and each chunk's source one wide multiply-add from a
+64-bit address a slice, where the general loop keeps the edges' bounds live and ptxas, at the
+128-register bound, recomputes them every step (perf/LOG.md, 2026-12-07). Past it (and in
+blocks cut by the edges) a warp wholly inside Y multiplies a whole slice with no branch among
+its loads and mmas. Blocks go out in groups of 8 tile rows, so that the blocks resident at
+once share W's tiles in L2; the bf16 store writes two outputs as one word.
 
 Ragged edges: a chunk (8 elements of a row) past M, N or K is stored as zeros, and the
 epilogue writes only elements inside Y. When K is a multiple of 8 and both operands start
@@ -157,7 +161,9 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     store_pair = tiles.pair_store(store)
     multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
 
-    thread_copies, stage_operand, source_view = copy_functions(shape, stage_chunk)
+    thread_copies, stage_operand, stage_whole_operand, source_view = copy_functions(shape, stage_chunk)
+    # the element-wise staging gains nothing from the interior loop and spills with it
+    interior_loop = uniform and stage_chunk is stage_chunk_async
     a_count, b_count = block_m // rows_per_pass, block_n // rows_per_pass  # a thread's chunks of each slice
 
     @cuda.jit(device=True, inline=True)
@@ -166,6 +172,12 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         k_live = fill_k0 + col < k
         stage_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0, k_live)
         stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0, k_live)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, fill, fill_k0):
+        """`stage_slice` for a slice whose every chunk is inside X, W and K."""
+        stage_whole_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0)
+        stage_whole_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0)
 
     @cuda.jit(**launch_bounds(shape.threads, shape.blocks_per_sm))
     def gemm(x, weight, out):
@@ -223,6 +235,23 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
             cp_async_commit()  # empty groups too: the wait below counts groups
             fill, fill_k0 = np.uint32(fill + np.uint32(1)), np.uint32(fill_k0 + np.uint32(block_k))
         step, stage = np.uint32(0), np.uint32(0)
+        # a block wholly inside Y first walks the steps whose refill is wholly inside K with
+        # no predicate and no edge path: fewer live values in the loop that does the work
+        interior_steps = np.uint32(0)
+        block_inside = m0 + block_m <= x.shape[0] and n0 + block_n <= weight.shape[0]
+        if interior_loop and block_inside and whole_steps >= stages - 1:
+            interior_steps = np.uint32(whole_steps - np.uint32(stages - 1))
+        while step < interior_steps:
+            cp_async_wait(pending)
+            cuda.syncthreads()
+            stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, fill, fill_k0)
+            cp_async_commit()
+            fill = tiles.next_stage(fill, stages)
+            fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
+            a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
+            stage = tiles.next_stage(stage, stages)
+            multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
+            step = np.uint32(step + np.uint32(1))
         while step < num_steps:
             cp_async_wait(pending)
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
