@@ -110,6 +110,8 @@ def test_shapes_past_static_shared_memory_are_dynamic_up_to_the_limit():
         GemmShape(block_n=256, block_k=64, swizzle=True, stages=5)  # 240 KB
     with pytest.raises(ValueError, match="uniform"):
         GemmShape(double_buffer=True)
+    with pytest.raises(ValueError, match="warps_n 2 or 4"):
+        GemmShape(warps_n=3)
 
 
 def run(x, weight, out_dtype, shape, accumulate_onto=None):
@@ -165,7 +167,9 @@ def test_variant_matches_reference(name):
     check(VARIANTS[name], 64, 64, 64, np.float32)
 
 
-@pytest.mark.parametrize("name", ["swizzle3_raster8_packed", "wide_packed", "swizzle4_raster8_packed"])
+@pytest.mark.parametrize(
+    "name", ["swizzle3_raster8_packed", "wide_packed", "swizzle4_raster8_packed", "quad_swizzle4_raster8_packed"]
+)
 def test_variant_at_a_tile_multiple_float32_out(name):
     """One whole 128 x block_n tile, every warp branch-free, three slices: the pipeline's
     stages all used; float32 out (no packing)."""

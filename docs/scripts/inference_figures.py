@@ -190,7 +190,7 @@ def gemm_tiling_figure(figures: Path) -> str:
     owned = np.zeros((gemm.BLOCK_M, gemm.BLOCK_N))
     shape = gemm_tiles.GEMM_SHAPE  # the library's tile configuration
     for warp in range(warps):  # the kernel's warp_m, warp_n
-        warp_m, warp_n = (warp // gemm_tiles.WARPS_N) * gemm_tiles.WARP_M, (warp % gemm_tiles.WARPS_N) * shape.warp_n
+        warp_m, warp_n = (warp // shape.warps_n) * gemm_tiles.WARP_M, (warp % shape.warps_n) * shape.warp_n
         owned[warp_m : warp_m + gemm_tiles.WARP_M, warp_n : warp_n + shape.warp_n] = warp
     lane_zero = warps  # its colour: lane 0 of warp 0 (g = t = 0), the epilogue's store indices
     for mi in range(gemm.TILES_M):

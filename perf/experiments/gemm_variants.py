@@ -83,6 +83,11 @@ VARIANTS = {
     "tall_swizzle4_raster8_packed": GemmShape(
         block_m=256, swizzle=True, stages=4, uniform=True, blocks_per_sm=1, group_m=8, packed=True
     ),
+    # 128 x 128 tiles of 4 warps of 64 x 64, two blocks an SM of up to 255 registers
+    "quad_k64_swizzle3_raster8_packed": GemmShape(
+        block_k=64, swizzle=True, stages=3, uniform=True, group_m=8, packed=True, warps_n=2
+    ),
+    "quad_swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True, warps_n=2),
 }
 """Name -> shape (gemm_tiles.py: what each field changes); `k64_swizzle3_raster8_packed` is the
 library's GEMM_SHAPE. The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM

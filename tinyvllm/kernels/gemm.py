@@ -154,7 +154,8 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     block_m, block_n, block_k, stages = shape.block_m, shape.block_n, shape.block_k, shape.stages
     row_stride = shape.row_stride
     stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
-    shift, mask, tiles_n, warp_n_size = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n, shape.warp_n
+    shift, mask, tiles_n = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n
+    warp_n_size, warps_n = shape.warp_n, shape.warps_n
     pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
     shared_tiles, b_start = tiles.shared_tiles(shape)
     columns = 2 if store is store_bf16x2 else 1  # outputs per element of out
@@ -203,8 +204,8 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         else:
             tile_m, tile_n = np.uint32(cuda.blockIdx.y), np.uint32(cuda.blockIdx.x)
         m0, n0 = np.uint32(tile_m) * block_m, np.uint32(tile_n) * block_n
-        warp_m = (warp // tiles.WARPS_N) * tiles.WARP_M
-        warp_n = (warp % tiles.WARPS_N) * warp_n_size
+        warp_m = (warp // warps_n) * tiles.WARP_M
+        warp_n = (warp % warps_n) * warp_n_size
         copy_row, copy_chunk = tid // chunks, tid % chunks
         # ldmatrix: lanes 8j .. 8j + 7 name rows 0..7 of 8x8 matrix j; for A the matrices
         # are the quarters (rows 8 (j % 2), k 8 (j // 2)), for W (n 8 (j // 2), k 8 (j % 2));

@@ -3,10 +3,14 @@
 `gemm.py` builds one kernel per (staging, store, shape); `GEMM_SHAPE` is the library's.
 The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere/Hopper:
 
-- `block_n`: a block's tile is block_m x block_n (128 or 256), its warps block_m / 64 x 4
-  over it, each 64 x block_n / 4: a wider tile reads each operand byte from L2 into shared
-  memory fewer times per FLOP, at the price of registers (the 128 x 256 tile's warps hold
-  128 accumulators; `blocks_per_sm` = 1 lets them have up to 255 registers).
+- `block_n`: a block's tile is block_m x block_n (128 or 256), its warps block_m / 64 x
+  warps_n over it, each 64 x block_n / warps_n: a wider tile reads each operand byte from L2
+  into shared memory fewer times per FLOP, at the price of registers (the 128 x 256 tile's
+  warps hold 128 accumulators; `blocks_per_sm` = 1 lets them have up to 255 registers).
+- `warps_n`: 4, or 2 for warps of 64 x 64 on a 128 x 128 tile (4 warps, 128 threads): a warp
+  reads a third fewer operand bytes through `ldmatrix` per mma than at 64 x 32, and two
+  blocks of 128 threads at up to 255 registers share an SM, where the 128 x 256 tile's one
+  block stalls the whole SM at each barrier.
 - `block_m`: 256 stacks a second 128 rows of warps under the first: 16 warps, each with the
   same 64 x block_n / 4 piece and registers as at 128, read the 256 x 128 tile's operands
   a quarter less often per FLOP than the 128 x 128 tile's 8 warps (each W byte serves
@@ -56,10 +60,9 @@ from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, bf16x2, ldmat
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
 
-WARPS_N = 4
 WARP_M = 64
-"""A warp's piece of Y is WARP_M x block_n / WARPS_N, and a block has block_m / WARP_M x
-WARPS_N warps, in every shape."""
+"""A warp's piece of Y is WARP_M x block_n / warps_n, and a block has block_m / WARP_M x
+warps_n warps, in every shape."""
 TILES_M = WARP_M // MMA_M
 STATIC_SHARED_BYTES = 48 * 1024
 """Static shared memory a block may declare; past it a shape's tiles are dynamic shared memory,
@@ -84,11 +87,12 @@ class GemmShape:
     group_m: int = 0
     packed: bool = False
     blocks_per_sm: int = 2
+    warps_n: int = 4
 
     def __post_init__(self):
         sizes = self.block_m in (128, 256) and self.block_n in (128, 256) and self.block_k in (32, 64)
-        if not sizes or self.stages < 2:
-            raise ValueError(f"{self}: block_m and block_n 128 or 256, block_k 32 or 64, stages >= 2")
+        if not sizes or self.stages < 2 or self.warps_n not in (2, 4):
+            raise ValueError(f"{self}: block_m and block_n 128 or 256, block_k 32 or 64, stages >= 2, warps_n 2 or 4")
         if self.double_buffer and not self.uniform:
             raise ValueError(f"{self}: double_buffer applies to the branch-free (uniform) path")
         if self.shared_bytes > MAX_SHARED_BYTES:
@@ -100,12 +104,12 @@ class GemmShape:
 
     @property
     def threads(self) -> int:
-        """A block's threads: warps_m x WARPS_N warps."""
-        return WARP * self.warps_m * WARPS_N
+        """A block's threads: warps_m x warps_n warps."""
+        return WARP * self.warps_m * self.warps_n
 
     @property
     def warp_n(self) -> int:
-        return self.block_n // WARPS_N
+        return self.block_n // self.warps_n
 
     @property
     def tiles_n(self) -> int:
