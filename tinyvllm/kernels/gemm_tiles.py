@@ -12,7 +12,7 @@ The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere
   blocks of 128 threads at up to 255 registers share an SM, where the 128 x 256 tile's one
   block stalls the whole SM at each barrier.
 - `block_m`: 256 stacks a second 128 rows of warps under the first: 16 warps, each with the
-  same 64 x block_n / 4 piece and registers as at 128, read the 256 x 128 tile's operands
+  same 64 x block_n / warps_n piece and registers as at 128, read the 256 x 128 tile's operands
   a quarter less often per FLOP than the 128 x 128 tile's 8 warps (each W byte serves
   twice the rows). 512 threads at up to 128 registers fill an SM's 64 K registers: one block
   an SM.
