@@ -205,17 +205,20 @@ def launch_ptx(launch: Launch) -> str:
     return ptx
 
 
+def assemble_ptx(ptx: str, folder: Path) -> tuple[str, Path]:
+    """(ptxas -v's text, the cubin it writes in folder) of PTX for sm_90."""
+    source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
+    source.write_text(ptx)
+    arch = "-arch=sm_{}{}".format(*H200.compute_capability)
+    done = subprocess.run(["ptxas", arch, "-v", str(source), "-o", str(cubin)], capture_output=True, text=True)
+    done.check_returncode()
+    return done.stderr, cubin
+
+
 def assemble(launch: Launch) -> dict:
     """ptxas -v's report on the launch's kernel, compiled for sm_90 (`ptxas_report`)."""
     with tempfile.TemporaryDirectory() as folder:
-        source = Path(folder) / "kernel.ptx"
-        source.write_text(launch_ptx(launch))
-        report = subprocess.run(
-            ["ptxas", "-arch=sm_90", "-v", str(source), "-o", str(Path(folder) / "kernel.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stderr
+        report, _ = assemble_ptx(launch_ptx(launch), Path(folder))
     return ptxas_report(report)
 
 

@@ -26,6 +26,7 @@ import numba.cuda.dispatcher
 from numba import cuda, types
 
 from perf.experiments.mma_gemm import mma_gemm_kernel
+from perf.kernel_registers import assemble_ptx
 from tests.test_mma import mma_kernel, staged_kernel
 from tests.test_mma_f16 import chained_f16_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
@@ -65,20 +66,10 @@ def ptx_for_sm90(kernel, signature) -> str:
     return ptx
 
 
-def assemble_for_sm90(ptx: str, folder: Path) -> tuple[str, Path]:
-    """(ptxas -v's report, the cubin in folder) of PTX."""
-    source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
-    source.write_text(ptx)
-    arch = f"-arch=sm_{COMPUTE_CAPABILITY[0]}{COMPUTE_CAPABILITY[1]}"
-    report = subprocess.run(["ptxas", arch, "-v", str(source), "-o", str(cubin)], capture_output=True, text=True)
-    report.check_returncode()
-    return report.stderr, cubin
-
-
 def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
     """(PTX, ptxas -v's report, the cubin) of one kernel, under its launch bounds if it has them."""
     ptx = ptx_for_sm90(kernel, signature)
-    return ptx, *assemble_for_sm90(ptx, folder)
+    return ptx, *assemble_ptx(ptx, folder)
 
 
 def disassemble(cubin: Path) -> str:

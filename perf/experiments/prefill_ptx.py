@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.experiments.mma_sass import assemble_for_sm90, disassemble
-from perf.kernel_registers import launch_ptx, ptxas_report, stand_in_h200
+from perf.experiments.mma_sass import disassemble
+from perf.kernel_registers import assemble_ptx, launch_ptx, ptxas_report, stand_in_h200
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 Q_HEADS, KV_HEADS, BLOCK_SIZE, TOKENS = 32, 8, 16, 64
@@ -109,7 +109,7 @@ def main() -> None:
             with stand_in_h200([]):
                 ptx = launch_ptx(launch)
             with tempfile.TemporaryDirectory() as folder:  # one ptxas run for the report and the SASS
-                ptxas_text, cubin = assemble_for_sm90(ptx, Path(folder))
+                ptxas_text, cubin = assemble_ptx(ptx, Path(folder))
                 report = ptxas_report(ptxas_text)
                 sass = disassemble(cubin) if args.sass else ""
             mmas = [ptx.count(f"row.col.f32.{kind}.{kind}.f32") for kind in MMA_TYPES]
