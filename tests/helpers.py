@@ -122,3 +122,16 @@ def assert_parts_only_at_near_ties(reference, llm, prompts, actual, expected, ma
         assert gap <= disagreement, (at, ours[at], theirs[at], gap, disagreement)
         partings += exact_margin > reference_spread
     assert partings <= max_partings, partings
+
+
+def sass_listing(lines: list[str]) -> str:
+    """SASS text in nvdisasm's layout: labels (".L_x_N") on lines of their own, each
+    instruction after its address."""
+    out, address = [".text.kernel:"], 0
+    for line in lines:
+        if line.startswith(".L_x_"):
+            out.append(f"{line}:")
+        else:
+            out.append(f"        /*{address:04x}*/                   {line} ;")
+            address += 16
+    return "\n".join(out)

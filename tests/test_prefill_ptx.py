@@ -5,19 +5,7 @@ instructions lie between the loop's label and its branch back, counted by hand."
 import pytest
 
 from perf.experiments.prefill_ptx import tile_loop
-
-
-def listing(lines: list[str]) -> str:
-    """nvdisasm's layout: labels on lines of their own, each instruction after its address."""
-    out, address = [".text.kernel:"], 0
-    for line in lines:
-        if line.startswith(".L_x_"):
-            out.append(f"{line}:")
-        else:
-            out.append(f"        /*{address:04x}*/                   {line} ;")
-            address += 16
-    return "\n".join(out)
-
+from tests.helpers import sass_listing as listing
 
 SASS = listing(
     [

@@ -9,16 +9,26 @@ process that Numba writes into a function's name and a shared array's symbol, an
 of the unused environment globals. Run it at two revisions: equal hashes mean the GPU would be handed
 the same program, so a refactor of the kernel's Python that keeps them needs no GPU run to be
 known harmless. Different hashes say nothing about speed: that is for the GPU.
+
+`--sass` (needs `ptxas` and `nvdisasm` on PATH) also assembles each kernel and prints its
+registers and spills (`ptxas -v`) and, for each loop of its SASS that issues mmas (`mma_loops`),
+the loop's instructions, HMMA, LDSM (ldmatrix) and LDGSTS (cp.async): the count of one pass
+through the loop's text, a K slice for the interior and general loops, 16 of K for the checked
+path's inner loop (the general loop's count includes that inner loop's text).
 """
 
 import argparse
 import hashlib
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 from numba import types
 
 from perf.experiments.gemm_variants import VARIANTS
-from perf.experiments.mma_sass import ptx_for_sm90
+from perf.experiments.mma_sass import disassemble, ptx_for_sm90, sass_loops
+from perf.kernel_registers import assemble_ptx, ptxas_report
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import add_bf16, gemm_kernel, store_bf16, store_f32
 from tinyvllm.kernels.gemm_copies import stage_chunk_async, stage_chunk_ragged
@@ -49,12 +59,36 @@ def fingerprint(ptx: str) -> str:
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
+def mma_loops(sass: str) -> list[dict]:
+    """Each loop of a kernel's SASS that holds an HMMA, in the order of its branch back: its
+    instructions, HMMA, LDSM and LDGSTS."""
+    counted = ("HMMA", "LDSM", "LDGSTS")
+    return [
+        {"instructions": len(body)} | {op.lower(): sum(op in line for line in body) for op in counted}
+        for _, _, body in sass_loops(sass)
+        if any("HMMA" in line for line in body)
+    ]
+
+
+def sass_summary(ptx: str) -> str:
+    """Registers, spills and each mma loop's counts (`mma_loops`) of sm_90 PTX, on one line."""
+    with tempfile.TemporaryDirectory() as folder:
+        text, cubin = assemble_ptx(ptx, Path(folder))
+        report, sass = ptxas_report(text), disassemble(cubin)
+    loops = " ".join("{instructions}/{hmma}/{ldsm}/{ldgsts}".format(**loop) for loop in mma_loops(sass))
+    spills = f"{report['spill_store_bytes']}/{report['spill_load_bytes']}"
+    return f"{report['registers']:>3} regs, spills {spills}, loops {loops}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="lib", help=f"comma-separated, of: {', '.join(SHAPES)}")
+    parser.add_argument("--sass", action="store_true", help="registers and each mma loop's instruction counts")
     args = parser.parse_args()
     if SIMULATOR:
         raise SystemExit("run without NUMBA_ENABLE_CUDASIM: the simulator has no PTX")
+    if args.sass and not (shutil.which("ptxas") and shutil.which("nvdisasm")):
+        raise SystemExit("--sass needs ptxas and nvdisasm on PATH (the nvidia-cuda-nvcc and nvdisasm wheels)")
     names = args.shapes.split(",")
     unknown = [name for name in names if name not in SHAPES]
     if unknown:
@@ -65,6 +99,8 @@ def main() -> None:
                 continue
             ptx = ptx_for_sm90(gemm_kernel(stage_chunk, store, SHAPES[name]), signature)
             print(f"{name:<34} {label:<18} {fingerprint(ptx)}")
+            if args.sass:
+                print(f"{'':<34} {'':<18} {sass_summary(ptx)}  (loop: instructions/HMMA/LDSM/LDGSTS)")
 
 
 if __name__ == "__main__":

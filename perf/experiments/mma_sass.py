@@ -43,6 +43,9 @@ KERNELS = {
     "chained_f16_kernel": (chained_f16_kernel, (*[types.uint16[::1]] * 3, types.float32[:, ::1])),
 }
 SASS_OF_INTEREST = re.compile(r"HMMA|LDSM|LDGSTS|DEPBAR")
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+SASS_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
 PTX_OF_INTEREST = re.compile(r"mma\.sync|ldmatrix|cp\.async")
 
 
@@ -75,6 +78,25 @@ def compile_for_sm90(kernel, signature, folder: Path) -> tuple[str, str, Path]:
 def disassemble(cubin: Path) -> str:
     """nvdisasm's SASS of a cubin."""
     return subprocess.run(["nvdisasm", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def sass_loops(sass: str) -> list[tuple[int, int, list[str]]]:
+    """The loops of nvdisasm's SASS: for each branch back to a label at or before it, the
+    (first, last) instruction indices of its span and the instructions in it."""
+    instructions, labels = [], {}
+    for line in sass.splitlines():
+        label = SASS_LABEL.match(line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+        elif found := SASS_INSTRUCTION.search(line):
+            instructions.append(found.group(2))
+    loops = []
+    for end, text in enumerate(instructions):
+        target = SASS_BRANCH.search(text)
+        if target and labels.get(target.group(1), end + 1) <= end:
+            start = labels[target.group(1)]
+            loops.append((start, end, instructions[start : end + 1]))
+    return loops
 
 
 def main() -> None:

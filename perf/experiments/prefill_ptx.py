@@ -27,16 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.experiments.mma_sass import disassemble
+from perf.experiments.mma_sass import disassemble, sass_loops
 from perf.kernel_registers import assemble_ptx, launch_ptx, ptxas_report, stand_in_h200
 from tinyvllm.kernels.attention_prefill import prefill_attention
 
 Q_HEADS, KV_HEADS, BLOCK_SIZE, TOKENS = 32, 8, 16, 64
 HEAD_DIMS = (64, 128)
 MMA_TYPES = ("bf16", "f16")
-SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-SASS_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
 COMPARE_64BIT = re.compile(r"ISETP\.\S*\.EX\b")  # the high word's compare of a 64-bit one
 FUNCTION_UID = re.compile(r"B\d+v\d+B")
 SHARED_ARRAY = re.compile(r"_cudapy_smem_\d+")
@@ -59,23 +56,12 @@ def prefill_launch(head_dim: int, mode: str):
 def tile_loop(sass: str) -> dict:
     """The key-tile loop of nvdisasm's SASS of a flash kernel: of the loops (a branch back to a
     label at or before it), the one whose span holds the most HMMA; its instruction counts."""
-    instructions, labels = [], {}
-    for line in sass.splitlines():
-        label = SASS_LABEL.match(line)
-        if label:
-            labels[label.group(1)] = len(instructions)
-        elif found := SASS_INSTRUCTION.search(line):
-            instructions.append(found.group(2))
-    loops = []
-    for end, text in enumerate(instructions):
-        target = SASS_BRANCH.search(text)
-        if target and labels.get(target.group(1), end + 1) <= end:
-            body = instructions[labels[target.group(1)] : end + 1]
-            loops.append((sum("HMMA" in op for op in body), body))
+    loops = [body for _, _, body in sass_loops(sass)]
     if not loops:
         raise ValueError("no loop in the SASS")
-    mmas, body = max(loops, key=lambda loop: loop[0])
-    return {"instructions": len(body), "hmma": mmas, "mufu_ex2": sum("MUFU.EX2" in op for op in body),
+    body = max(loops, key=lambda loop: sum("HMMA" in op for op in loop))
+    return {"instructions": len(body), "hmma": sum("HMMA" in op for op in body),
+            "mufu_ex2": sum("MUFU.EX2" in op for op in body),
             "compares_64bit": sum(bool(COMPARE_64BIT.search(op)) for op in body)}  # fmt: skip
 
 
