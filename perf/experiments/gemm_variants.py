@@ -87,6 +87,9 @@ VARIANTS = {
     "quad_k64_swizzle3_raster8_packed": GemmShape(
         block_k=64, swizzle=True, stages=3, uniform=True, group_m=8, packed=True, warps_n=2
     ),
+    "quad_k64_swizzle3_dbuf_raster8_packed": GemmShape(
+        block_k=64, swizzle=True, stages=3, uniform=True, double_buffer=True, group_m=8, packed=True, warps_n=2
+    ),
     "quad_swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True, warps_n=2),
 }
 """Name -> shape (gemm_tiles.py: what each field changes); `k64_swizzle3_raster8_packed` is the
