@@ -11,7 +11,8 @@
 # BASELINE_REV=REV, the engine benchmarks run there first, in the same command, so the two
 # revisions' figures come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
 # ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
-# variants: the tiled GEMM's candidate tile shapes against cuBLAS (perf/experiments/gemm_variants.py).
+# variants: the tiled GEMM's candidate tile shapes against cuBLAS (perf/experiments/gemm_variants.py);
+# GEMM_VARIANTS (comma-separated names of its VARIANTS) times those alone.
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
 # `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
@@ -71,7 +72,7 @@ for stage in $stages; do
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     variants)
-      run python3 -m perf.experiments.gemm_variants
+      run python3 -m perf.experiments.gemm_variants ${GEMM_VARIANTS:+--variants "$GEMM_VARIANTS"}
       cp perf/results/experiments/gemm_variants.json "$OUT"/ ;;
     sampling)
       run python3 -m perf.bench_sampling ;;
