@@ -175,10 +175,10 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         stage_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0, k_live)
 
     @cuda.jit(device=True, inline=True)
-    def stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, fill, fill_k0):
-        """`stage_slice` for a slice whose every chunk is inside X, W and K."""
-        stage_whole_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, col, fill_k0)
-        stage_whole_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, col, fill_k0)
+    def stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, fill, fill_k0):
+        """`stage_slice` for a slice whose every chunk is inside X, W and K (cp.async staging)."""
+        stage_whole_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, fill_k0)
+        stage_whole_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, fill_k0)
 
     @cuda.jit(**launch_bounds(shape.threads, shape.blocks_per_sm))
     def gemm(x, weight, out):
@@ -238,21 +238,22 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         step, stage = np.uint32(0), np.uint32(0)
         # a block wholly inside Y first walks the steps whose refill is wholly inside K with
         # no predicate and no edge path: fewer live values in the loop that does the work
-        interior_steps = np.uint32(0)
-        block_inside = m0 + block_m <= x.shape[0] and n0 + block_n <= weight.shape[0]
-        if interior_loop and block_inside and whole_steps >= stages - 1:
-            interior_steps = np.uint32(whole_steps - np.uint32(stages - 1))
-        while step < interior_steps:
-            cp_async_wait(pending)
-            cuda.syncthreads()
-            stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, fill, fill_k0)
-            cp_async_commit()
-            fill = tiles.next_stage(fill, stages)
-            fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
-            a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
-            stage = tiles.next_stage(stage, stages)
-            multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
-            step = np.uint32(step + np.uint32(1))
+        if interior_loop:  # a compile-time constant: Numba drops the branch, types and all
+            interior_steps = np.uint32(0)
+            block_inside = m0 + block_m <= x.shape[0] and n0 + block_n <= weight.shape[0]
+            if block_inside and whole_steps >= stages - 1:
+                interior_steps = np.uint32(whole_steps - np.uint32(stages - 1))
+            while step < interior_steps:
+                cp_async_wait(pending)
+                cuda.syncthreads()
+                stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, fill, fill_k0)
+                cp_async_commit()
+                fill = tiles.next_stage(fill, stages)
+                fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
+                a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
+                stage = tiles.next_stage(stage, stages)
+                multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
+                step = np.uint32(step + np.uint32(1))
         while step < num_steps:
             cp_async_wait(pending)
             cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next

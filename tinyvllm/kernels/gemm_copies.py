@@ -76,9 +76,9 @@ SOURCES = {stage_chunk_async: flat_view, stage_chunk_ragged: whole_rows}
 
 def copy_functions(shape: GemmShape, stage_chunk):
     """(thread_copies, stage_operand, stage_whole_operand, source_view) for one tile shape and
-    staging function: the device functions that set up and start a thread's copies (every
-    chunk inside the matrices, for the last), and the view of X and W that the staging
-    function reads."""
+    staging function: the device functions that set up and start a thread's copies (the last:
+    every chunk inside the matrices, cp.async staging only), and the view of X and W that the
+    staging function reads."""
     rows_per_pass, row_stride = shape.rows_per_pass, shape.row_stride
     shift, mask = shape.swizzle_shift, shape.swizzle_mask
     source_view = SOURCES[stage_chunk]
@@ -118,20 +118,14 @@ def copy_functions(shape: GemmShape, stage_chunk):
             stage_chunk(tiles_array, chunk_offset, source, chunk_row, np.uint32(k0 + col), chunk_index, inside)
 
     @cuda.jit(device=True, inline=True)
-    def stage_whole_async(tiles_array, stage_offset, source, copies, count, col, k0):
-        """`stage_operand` for a slice wholly inside the matrix, by cp.async: no predicate,
-        and each chunk's source a 32-bit offset from one 64-bit address a slice, which ptxas
-        forms in one wide multiply-add."""
+    def stage_whole_operand(tiles_array, stage_offset, source, copies, count, k0):
+        """`stage_operand` for a slice wholly inside the matrix, by cp.async (the flat `source`):
+        no predicate, and each chunk's source a 32-bit offset from one 64-bit address a slice,
+        which ptxas forms in one wide multiply-add."""
         row, index, offset, rows_inside, index_pass = copies
         start = np.uint64(np.uint32(index + k0))
         for p in range(count):
             chunk_offset = np.uint32(np.uint32(stage_offset + offset) + np.uint32(p * pass_elements))
             cp_async_16(tiles_array, chunk_offset, source, start + np.uint64(np.uint32(np.uint32(p) * index_pass)))
-
-    @cuda.jit(device=True, inline=True)
-    def stage_whole_ragged(tiles_array, stage_offset, source, copies, count, col, k0):
-        stage_operand(tiles_array, stage_offset, source, copies, count, col, k0, True)
-
-    stage_whole_operand = stage_whole_async if stage_chunk is stage_chunk_async else stage_whole_ragged
 
     return thread_copies, stage_operand, stage_whole_operand, source_view
