@@ -92,7 +92,7 @@ VARIANTS = {
     ),
     "quad_swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True, warps_n=2),
 }
-"""Name -> shape (gemm_tiles.py: what each field changes); `k64_swizzle3_raster8_packed` is the
+"""Name -> shape (gemm_tiles.py: what each field changes); `quad_k64_swizzle3_dbuf_raster8_packed` is the
 library's GEMM_SHAPE. The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM
 leaves the epilogue's loop rolled and the 128 accumulators on the stack (ptxas: a 512-byte
 frame). The 256 x 128 tiles (`block_m`) use 512 threads of at most 128 registers: their

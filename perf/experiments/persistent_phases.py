@@ -287,7 +287,7 @@ def main() -> None:
     copy = copy_tbps(1 << 29, args.repeats)
     rows = []
     for per_sm in args.blocks_per_sm:
-        if per_sm * THREADS > cuda.get_current_device().MAX_THREADS_PER_MULTI_PROCESSOR:
+        if per_sm * THREADS > cuda.get_current_device().MAX_THREADS_PER_MULTIPROCESSOR:
             raise SystemExit(f"{per_sm} blocks of {THREADS} threads an SM cannot all be resident: a barrier would hang")
         blocks = per_sm * multiprocessor_count()
         for name, sizes in WORKLOADS.items():

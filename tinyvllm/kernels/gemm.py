@@ -7,19 +7,21 @@ W keeps HF's [out_features, in_features] orientation, so both operands are read 
 which is the layout `mma.sync ... .row.col` takes: X row-major (A), W^T column-major (B).
 The instructions and their fragment layouts are in `device/mma.py`.
 
-Each block of THREADS = 256 threads (8 warps) computes one 128 x 128 tile of Y, the warps
-2 x 4 over it, each a 64 x 32 piece: 4 x 4 mma tiles of 16 x 8 (a shape of block_m = 256
-stacks 4 x 4 warps over a 256 x 128 tile, each with the same piece). A lane holds the float32
-accumulators of all 16 (64 registers, rows g and g + 8, columns 2t and 2t + 1 of each
-tile, g = lane // 4, t = lane % 4), in a local array indexed only by unrolled loop
-counters so that it never leaves the registers. The epilogue stores them from there.
+Each block of THREADS = 128 threads (4 warps) computes one 128 x 128 tile of Y, the warps
+2 x 2 over it, each a 64 x 64 piece: 4 x 8 mma tiles of 16 x 8 (other shapes, `GemmShape`,
+put 4 warps across the tile, each a 64 x 32 piece, or stack a second row of warps under a
+256 x 128 tile). A lane holds the float32 accumulators of all 32 (128 registers, rows g and
+g + 8, columns 2t and 2t + 1 of each tile, g = lane // 4, t = lane % 4), in a local array
+indexed only by unrolled loop counters so that it never leaves the registers. The epilogue
+stores them from there.
 
 The library's tile configuration is `gemm_tiles.GEMM_SHAPE` (what each of its fields buys
 is `gemm_tiles.py`'s docstring). K is walked BLOCK_K = 64 at a time: a step's slices X[128,
 64] and W[128, 64] sit in shared memory as unpadded rows whose 16-byte chunks are XOR-
 swizzled, so that the 8 rows one ldmatrix reads start in 8 different bank groups. Per 16 of
 K a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
-2 for W: b0, b1 of two n8 tiles each) and issues 16 mmas.
+4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas, having loaded the next 16's
+fragments first: 8 ldmatrix for 32 mmas, where a 64 x 32 piece takes 6 for 16.
 
 The slices come in by cp.async, global to shared with no register in between, into one
 of three stages. At the top of step s the block waits for its copies of slice s and meets at
@@ -31,8 +33,8 @@ few adds. Three stages of 2 x 16 KB are 96 KB, past the 48 KB of static shared m
 tiles are dynamic shared memory, which the kernel opts in to (`gemm_tiles.allow_dynamic_shared`).
 A block wholly inside Y first walks, in a loop of its own, the steps whose refill lies wholly
 inside K: no predicate on its copies, and each chunk's source one wide multiply-add from a
-64-bit address a slice, where the general loop keeps the edges' bounds live and ptxas, at the
-128-register bound, recomputes them every step (perf/LOG.md, 2026-12-07). Past it (and in
+64-bit address a slice, where the general loop keeps the edges' bounds live and ptxas, short
+of registers, recomputes them every step (perf/LOG.md, 2026-12-07). Past it (and in
 blocks cut by the edges) a warp wholly inside Y multiplies a whole slice with no branch among
 its loads and mmas. Blocks go out in groups of 8 tile rows, so that the blocks resident at
 once share W's tiles in L2; the bf16 store writes two outputs as one word.

@@ -158,12 +158,14 @@ class GemmShape:
         return self.chunks_per_row - 1 if self.swizzle else 0
 
 
-GEMM_SHAPE = GemmShape(block_k=64, swizzle=True, stages=3, uniform=True, group_m=8, packed=True)
-"""The library's configuration: 128 x 128 tiles walking K 64 at a time, three stages of swizzled
-rows (96 KB of dynamic shared memory), the branch-free inner path, blocks in groups of 8 tile
-rows, packed bf16 stores. The fastest of perf/experiments/gemm_variants.py's 17 on the H200
-(2026-12-04, `38a869f`): 273 TFLOP/s at 4096^3 where the first tensor-core shape (128 x 128 x
-32, two padded stages, a 2-D grid: `GemmShape()`) ran at 145 and cuBLAS at 780."""
+GEMM_SHAPE = GemmShape(
+    block_k=64, swizzle=True, stages=3, uniform=True, double_buffer=True, group_m=8, packed=True, warps_n=2
+)
+"""The library's configuration: 128 x 128 tiles of 4 warps of 64 x 64, two blocks an SM, walking K
+64 at a time; three stages of swizzled rows (96 KB of dynamic shared memory), the branch-free
+inner path with the next 16 of K's fragments loaded ahead, blocks in groups of 8 tile rows,
+packed bf16 stores. The fastest of perf/experiments/gemm_variants.py's shapes (perf/LOG.md
+has each run)."""
 
 
 def chunk_slot(row: int, chunk: int, shift: int, mask: int) -> int:
