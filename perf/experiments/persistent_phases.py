@@ -60,43 +60,29 @@ def _sync_intrinsics():
     def counter_array(array):
         return isinstance(array, types.Array) and array.ndim == 1 and array.dtype == types.uint32
 
-    @intrinsic
-    def arrive(typingctx, counter):
-        """counter[0] += 1 with release semantics at GPU scope (`red.release.gpu`)."""
-        if not counter_array(counter):
-            return None
+    def counter_instruction(text: str, constraints: str, result):
+        """An intrinsic of one PTX instruction on counter[0]'s address; result: the LLVM type
+        of what it returns (a uint32), or None."""
 
-        def codegen(context, builder, sig, args):
-            address = first_address(context, builder, sig.args[0], args[0])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [ir.IntType(64)]),
-                "red.release.gpu.global.add.u32 [$0], 1;",
-                "l,~{memory}",
-                side_effect=True,
-            )
-            builder.call(asm, [address])
-            return context.get_dummy_value()
+        @intrinsic
+        def instruction(typingctx, counter):
+            if not counter_array(counter):
+                return None
 
-        return types.void(counter), codegen
+            def codegen(context, builder, sig, args):
+                address = first_address(context, builder, sig.args[0], args[0])
+                returns = ir.VoidType() if result is None else result
+                asm = ir.InlineAsm(ir.FunctionType(returns, [ir.IntType(64)]), text, constraints, side_effect=True)
+                value = builder.call(asm, [address])
+                return context.get_dummy_value() if result is None else value
 
-    @intrinsic
-    def load_acquire(typingctx, counter):
-        """counter[0], read with acquire semantics at GPU scope (`ld.acquire.gpu`)."""
-        if not counter_array(counter):
-            return None
+            return (types.void if result is None else types.uint32)(counter), codegen
 
-        def codegen(context, builder, sig, args):
-            address = first_address(context, builder, sig.args[0], args[0])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.IntType(32), [ir.IntType(64)]),
-                "ld.acquire.gpu.global.u32 $0, [$1];",
-                "=r,l,~{memory}",
-                side_effect=True,
-            )
-            return builder.call(asm, [address])
+        return instruction
 
-        return types.uint32(counter), codegen
-
+    # counter[0] += 1 with release semantics at GPU scope; counter[0] read with acquire semantics
+    arrive = counter_instruction("red.release.gpu.global.add.u32 [$0], 1;", "l,~{memory}", None)
+    load_acquire = counter_instruction("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", ir.IntType(32))
     return arrive, load_acquire
 
 
