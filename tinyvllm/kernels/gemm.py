@@ -20,8 +20,9 @@ is `gemm_tiles.py`'s docstring). K is walked BLOCK_K = 64 at a time: a step's sl
 64] and W[128, 64] sit in shared memory as unpadded rows whose 16-byte chunks are XOR-
 swizzled, so that the 8 rows one ldmatrix reads start in 8 different bank groups. Per 16 of
 K a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
-4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas, having loaded the next 16's
-fragments first: 8 ldmatrix for 32 mmas, where a 64 x 32 piece takes 6 for 16.
+4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas: 8 ldmatrix for 32 mmas, where a
+64 x 32 piece takes 6 for 16. On the branch-free path (below) the next 16's fragments are
+loaded before this 16's mmas are issued.
 
 The slices come in by cp.async, global to shared with no register in between, into one
 of three stages. At the top of step s the block waits for its copies of slice s and meets at
