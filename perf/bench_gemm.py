@@ -35,10 +35,9 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda
 
-from perf.timing import median_ms, random_bf16, result_header
+from perf.timing import captured, median_ms, random_bf16, result_header
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.kernels.gemm import STORES, gemm
 from tinyvllm.kernels.gemv import (
     gemv,
@@ -102,12 +101,12 @@ def streamed_ms(launch, x, weights: list, out, repeats: int) -> float:
     stream = cuda.external_stream(cupy_stream.ptr)
     launch(x, weights[0], out, stream=stream)  # cuBLAS takes the stream here, not during the capture
     stream.synchronize()
-    cupy_stream.begin_capture()
-    with programmatic_launches():
+
+    def launches() -> None:
         for weight in weights:
             launch(x, weight, out, stream=stream)
-    graph = cupy_stream.end_capture()
-    return median_ms(lambda: graph.launch(stream=cupy_stream), repeats=repeats, stream=stream) / len(weights)
+
+    return median_ms(captured(cupy_stream, launches), repeats=repeats, stream=stream) / len(weights)
 
 
 def streamed_tbps(launch, weights: list, repeats: int) -> float:

@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda
 
 import tinyvllm.kernels  # noqa: F401  (its numpy shim must be in place before these kernels compile)
+from tinyvllm.kernels.device.pdl import programmatic_launches
 from tinyvllm.provenance import run_header
 
 FLUSH_BYTES = 256 << 20
@@ -126,6 +127,17 @@ def median_ms(call: Callable[[], None], *, warmup: int = 5, repeats: int = 50, s
 
 
 # --8<-- [end:median]
+
+
+def captured(cupy_stream, launches: Callable[[], None]) -> Callable[[], None]:
+    """launches() captured on cupy_stream into one CUDA graph, its Numba kernels with PDL as in
+    the engine's graphs (`kernels/device/pdl.py`); returns the graph's launch. Run launches once
+    before: nothing may compile, and cuBLAS must have its stream, during a capture."""
+    cupy_stream.begin_capture()
+    with programmatic_launches():
+        launches()
+    graph = cupy_stream.end_capture()
+    return lambda: graph.launch(stream=cupy_stream)
 
 
 def result_header() -> dict:

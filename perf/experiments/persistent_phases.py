@@ -1,6 +1,6 @@
 """Phases of weight streaming: a chain of kernels against one resident grid with barriers.
 
-    python -m perf.experiments.persistent_phases [--repeats 20] [--blocks-per-sm 2]   (GPU)
+    python -m perf.experiments.persistent_phases [--repeats 20] [--blocks-per-sm 1 2 4]   (GPU)
 
 Issue 34's persistent decode kernel replaces each kernel boundary of the decode chain with a
 barrier between phases of one resident grid, and asks whether a cooperative launch (Numba's
@@ -9,7 +9,7 @@ is a sequence of weight streams, each needing the one before to have finished. T
 that skeleton with no model around it: each phase XORs one weight slab of a real layer's
 size (q|k|v, o, gate|up, down) across the grid, and every phase must end before the next
 begins. The slabs, 16 bytes a load and DEPTH loads in flight a thread, are those of 4 layers
-of Llama 3.2 1B (486 MB, 16 phases) and 30 of SmolLM2-135M (211 MB, 120 phases), fresh in
+of Llama 3.2 1B (486 MB, 16 phases) and 30 of SmolLM2-135M (212 MB, 120 phases), fresh in
 HBM each run (perf/timing's cold L2). Variants:
 
 - `chain`: a kernel a phase, captured in one CUDA graph with PDL, the engine's way: each
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from numba import config, cuda, int32, types, uint32
 
-from perf.timing import copy_tbps, median_ms, result_header
+from perf.timing import captured, copy_tbps, median_ms, result_header
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.device.pdl import allow_dependent_launch, programmatic_launches, wait_for_prior_grid
+from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.vector_io import VECTOR, element_pointer, load_words
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "experiments" / "persistent_phases.json"
@@ -103,12 +103,17 @@ def issue(slab, i, end, stride, ahead):
 
 
 @cuda.jit(device=True, inline=True)
+def thread_share(offsets, phase):
+    """This thread's share of phase's slab: (its first element, the slab's end, the stride)."""
+    stride = cuda.gridDim.x * cuda.blockDim.x * VECTOR
+    return offsets[phase] + (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * VECTOR, offsets[phase + 1], stride
+
+
+@cuda.jit(device=True, inline=True)
 def fold_phase(slab, offsets, phase, ahead, issued):
     """This thread's XOR over its share of phase's slab; `issued`: its first DEPTH loads are
     already in ahead."""
-    stride = cuda.gridDim.x * cuda.blockDim.x * VECTOR
-    i = offsets[phase] + (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * VECTOR
-    end = offsets[phase + 1]
+    i, end, stride = thread_share(offsets, phase)
     if not issued:
         issue(slab, i, end, stride, ahead)
     acc = uint32(0)
@@ -143,9 +148,8 @@ else:
 def first_loads(slab, offsets, phase, ahead):
     """Issue this thread's first DEPTH loads of phase (nothing if it is the last)."""
     if phase < offsets.size - 1:
-        stride = cuda.gridDim.x * cuda.blockDim.x * VECTOR
-        i = offsets[phase] + (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * VECTOR
-        issue(slab, i, offsets[phase + 1], stride, ahead)
+        i, end, stride = thread_share(offsets, phase)
+        issue(slab, i, end, stride, ahead)
 
 
 @cuda.jit
@@ -195,17 +199,6 @@ def expected_xors(slab_host: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.array([np.bitwise_xor.reduce(words[a // 2 : b // 2]) for a, b in zip(offsets[:-1], offsets[1:])])
 
 
-def captured(cupy_stream, stream, launches):
-    """launches(stream) captured in one CUDA graph, its kernels with PDL; returns its launch."""
-    launches(stream)  # compiles outside the capture
-    stream.synchronize()
-    cupy_stream.begin_capture()
-    with programmatic_launches():
-        launches(stream)
-    graph = cupy_stream.end_capture()
-    return lambda: graph.launch(stream=cupy_stream)
-
-
 def run_workload(name: str, sizes: tuple, blocks: int, repeats: int, copy: float) -> list[dict]:
     """Every variant over one workload's phases: checked against NumPy, then timed."""
     import cupy
@@ -221,9 +214,9 @@ def run_workload(name: str, sizes: tuple, blocks: int, repeats: int, copy: float
     cupy_stream = cupy.cuda.Stream(non_blocking=True)
     stream = cuda.external_stream(cupy_stream.ptr)
 
-    def chain_launches(s):
+    def chain_launches():
         for phase in range(phases):
-            chain_phase[blocks, THREADS, s](slab, offsets_d, phase, out)
+            chain_phase[blocks, THREADS, stream](slab, offsets_d, phase, out)
 
     def persistent_launch(kernel, counts: bool):
         def launch():
@@ -232,7 +225,9 @@ def run_workload(name: str, sizes: tuple, blocks: int, repeats: int, copy: float
 
         return launch
 
-    launches = {"chain": captured(cupy_stream, stream, chain_launches)}
+    chain_launches()  # compiles outside the capture
+    stream.synchronize()
+    launches = {"chain": captured(cupy_stream, chain_launches)}
     for barrier in ("cooperative", "counter"):
         for ahead_of_barrier in (False, True):
             launches[barrier + "_ahead" * ahead_of_barrier] = persistent_launch(
