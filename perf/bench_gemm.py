@@ -38,7 +38,8 @@ from numba import config, cuda
 from perf.timing import captured, median_ms, random_bf16, result_header
 from tinyvllm.kernels.cublas import cublas_gemm
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
-from tinyvllm.kernels.gemm import STORES, gemm
+from tinyvllm.kernels.gemm import gemm
+from tinyvllm.kernels.gemm_stores import STORES
 from tinyvllm.kernels.gemv import (
     gemv,
     gemv_kernel,

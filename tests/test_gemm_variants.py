@@ -22,7 +22,8 @@ from numba import cuda
 
 from perf.experiments.gemm_variants import VARIANTS
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, poisoned, random_bf16, relative_error, widen
-from tinyvllm.kernels import reference
+from tinyvllm.kernels import gemm_tiles, reference
+from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.gemm import gemm
 from tinyvllm.kernels.gemm_tiles import (
     BANK_GROUPS,
@@ -221,6 +222,25 @@ def test_packed_variant_falls_back_on_odd_n_and_accumulates():
     assert relative_error(run(x, weight, np.uint16, shape, accumulate_onto=base), expected) <= BF16_TOLERANCE
 
 
+PERSISTENT = "quad_k64_swizzle3_dbuf_raster8_packed_persistent"
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(136, 130, 200), (130, 136, 8), (260, 8, 72)])
+def test_persistent_blocks_walk_several_tiles(m, n, k, monkeypatch):
+    """On a GPU of one SM, two blocks: each walks two or more tiles, staging its next tile's
+    first slices in its last steps; K = 8 (one slice, fewer than the stages ahead): the first
+    slices staged span three tiles."""
+    monkeypatch.setattr(gemm_tiles, "multiprocessor_count", lambda: 1)
+    assert grid(VARIANTS[PERSISTENT], m, n) == (2,)
+    check(VARIANTS[PERSISTENT], m, n, k)
+
+
+def test_persistent_grid_is_the_blocks_the_gpu_holds_at_most_one_a_tile():
+    shape = VARIANTS[PERSISTENT]
+    assert grid(shape, 4096, 2048) == (2 * multiprocessor_count(),)
+    assert grid(shape, 256, 384) == (6,)
+
+
 def test_swizzled_variant_takes_unaligned_k():
     """K = 20: no 16-byte chunks, the element-wise staging into the swizzled slots."""
     check(VARIANTS["swizzle3_dbuf"], 17, 9, 20, np.float32)
@@ -233,8 +253,9 @@ def test_variant_compiles_without_spills(name):
     from numba import types
 
     from perf.experiments.mma_sass import compile_for_sm90
-    from tinyvllm.kernels.gemm import gemm_kernel, store_bf16, store_bf16x2
+    from tinyvllm.kernels.gemm import gemm_kernel
     from tinyvllm.kernels.gemm_copies import stage_chunk_async
+    from tinyvllm.kernels.gemm_stores import store_bf16, store_bf16x2
 
     shape, tile = VARIANTS[name], types.uint16[:, ::1]
     store, out = (store_bf16x2, types.uint32[:, ::1]) if shape.packed else (store_bf16, tile)

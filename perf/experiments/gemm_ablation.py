@@ -22,7 +22,7 @@ from numba import cuda
 
 from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels import gemm as gemm_module
-from tinyvllm.kernels import gemm_copies, gemm_tiles
+from tinyvllm.kernels import gemm_copies, gemm_stores, gemm_tiles
 from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
 
@@ -45,7 +45,7 @@ def multiply_nothing(shape):
 
 def kernels() -> dict:
     """The whole kernel and its two ablations, each compiled on its own."""
-    store, real_multiplier = gemm_tiles.store_bf16x2, gemm_tiles.slice_multiplier
+    store, real_multiplier = gemm_stores.store_bf16x2, gemm_tiles.slice_multiplier
     gemm_copies.SOURCES[copy_nothing] = gemm_copies.SOURCES[gemm_copies.stage_chunk_async]
     built = {
         "whole": gemm_module.gemm_kernel(gemm_copies.stage_chunk_async, store, SHAPE),

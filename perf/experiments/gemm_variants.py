@@ -34,8 +34,9 @@ from numba.core.errors import NumbaError
 from numba.cuda.cudadrv.driver import CudaAPIError, LinkerError
 
 from tinyvllm.kernels.device.simulator import SIMULATOR
-from tinyvllm.kernels.gemm import gemm, gemm_kernel, store_bf16, store_bf16x2, store_f32
+from tinyvllm.kernels.gemm import gemm, gemm_kernel
 from tinyvllm.kernels.gemm_copies import stage_chunk_async
+from tinyvllm.kernels.gemm_stores import store_bf16, store_bf16x2, store_f32
 from tinyvllm.kernels.gemm_tiles import GemmShape
 from tinyvllm.kernels.reference import from_bf16, to_bf16
 
@@ -91,6 +92,18 @@ VARIANTS = {
         block_k=64, swizzle=True, stages=3, uniform=True, double_buffer=True, group_m=8, packed=True, warps_n=2
     ),
     "quad_swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True, warps_n=2),
+    # the library's tile in as many blocks as the GPU holds, each staging its next tile's first slices early
+    "quad_k64_swizzle3_dbuf_raster8_packed_persistent": GemmShape(
+        block_k=64,
+        swizzle=True,
+        stages=3,
+        uniform=True,
+        double_buffer=True,
+        group_m=8,
+        packed=True,
+        warps_n=2,
+        persistent=True,
+    ),
 }
 """Name -> shape (gemm_tiles.py: what each field changes); `quad_k64_swizzle3_dbuf_raster8_packed` is the
 library's GEMM_SHAPE. The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM

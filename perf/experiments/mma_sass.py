@@ -30,8 +30,9 @@ from perf.kernel_registers import assemble_ptx
 from tests.test_mma import mma_kernel, staged_kernel
 from tests.test_mma_f16 import chained_f16_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
-from tinyvllm.kernels.gemm import gemm_kernel, store_bf16
+from tinyvllm.kernels.gemm import gemm_kernel
 from tinyvllm.kernels.gemm_copies import stage_chunk_async
+from tinyvllm.kernels.gemm_stores import store_bf16
 
 COMPUTE_CAPABILITY = (9, 0)
 TILE = types.uint16[:, ::1]

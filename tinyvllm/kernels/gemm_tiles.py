@@ -30,8 +30,14 @@ The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere
 - `group_m`: blocks in a 1-D grid, handed out in groups of group_m rows of tiles (column by
   column within a group), so that the blocks resident at once share W's tiles in L2; 0:
   a 2-D grid, blockIdx.x along N (each wave sweeps all of W for one or two rows of tiles).
+- `persistent`: as many blocks as the GPU holds at once (`blocks_per_sm` an SM), each walking
+  every gridDim-th tile, its stage ring one stream over them: in its tile's last steps a block
+  stages its next tile's first slices, which load while it stores this tile, where a fresh
+  block would start its loads only after the last one left (and, its wave's blocks all
+  starting together, wait for them with the whole SM idle).
 - `packed`: the bf16 epilogue stores two neighbouring outputs as one 32-bit word
-  (`cvt.rn.bf16x2`) when Y's rows allow it (even N, 4-byte aligned); otherwise per element.
+  (`cvt.rn.bf16x2`), and a product added to Y reads and writes them so, when Y's rows allow
+  it (even N, 4-byte aligned); otherwise per element.
 
 Swizzle: a slice row of BLOCK_K = 32 bf16 is 64 bytes, 4 chunks; shared memory has 32 banks
 of 4 bytes, 8 chunk-sized bank groups per 128 bytes, so row r's chunk c starts in group
@@ -56,7 +62,8 @@ import functools
 import numpy as np
 from numba import cuda, uint16
 
-from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, bf16x2, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
 
@@ -88,6 +95,7 @@ class GemmShape:
     packed: bool = False
     blocks_per_sm: int = 2
     warps_n: int = 4
+    persistent: bool = False
 
     def __post_init__(self):
         sizes = self.block_m in (128, 256) and self.block_n in (128, 256) and self.block_k in (32, 64)
@@ -177,29 +185,6 @@ chunk_slot_device = cuda.jit(device=True, inline=True)(chunk_slot)
 
 
 @cuda.jit(device=True, inline=True)
-def store_bf16x2(out, row, col, width, low, high):
-    """Y[row, col:col+2] as one 32-bit word of out (Y's bf16 rows viewed as uint32, N even)."""
-    if col < width:
-        out[row, col >> 1] = bf16x2(low, high)
-
-
-@functools.cache
-def pair_store(store):
-    """The epilogue's store of Y[row, col] and Y[row, col + 1], each only inside Y (width wide)."""
-    if store is store_bf16x2:
-        return store
-
-    @cuda.jit(device=True, inline=True)
-    def pair(out, row, col, width, low, high):
-        if col < width:
-            store(out, row, col, low)
-        if col + 1 < width:
-            store(out, row, col + 1, high)
-
-    return pair
-
-
-@cuda.jit(device=True, inline=True)
 def next_stage(stage, stages):
     """The stage after `stage` of 0 .. stages - 1, in 32-bit integers and by a comparison: a
     remainder by 3 is 64-bit arithmetic in Numba."""
@@ -254,8 +239,11 @@ def allow_dynamic_shared(kernel, argument_types: tuple, nbytes: int) -> None:
 
 
 def grid(shape: GemmShape, m: int, n: int) -> tuple:
-    """The launch grid of `shape`'s kernel for an M x N output."""
+    """The launch grid of `shape`'s kernel for an M x N output: a block a tile, or (persistent)
+    the blocks the GPU holds at once, at most one a tile."""
     blocks_m, blocks_n = -(-m // shape.block_m), -(-n // shape.block_n)
+    if shape.persistent:
+        return (min(blocks_m * blocks_n, multiprocessor_count() * shape.blocks_per_sm),)
     return (blocks_m * blocks_n,) if shape.group_m else (blocks_n, blocks_m)
 
 

@@ -70,8 +70,9 @@ from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.simulator import launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, high_half, load_words, low_half
-from tinyvllm.kernels.gemm import STORES, check_linear
+from tinyvllm.kernels.gemm import check_linear
 from tinyvllm.kernels.gemm_copies import read_chunk_ragged, rows_of_eight
+from tinyvllm.kernels.gemm_stores import STORES
 from tinyvllm.kernels.gemv_shape import BLOCKS_PER_SM, MAX_ROWS, MIN_THREADS, WORDS, launch_shape
 from tinyvllm.kernels.operands import RMSNorm
 from tinyvllm.kernels.rmsnorm import check_norm

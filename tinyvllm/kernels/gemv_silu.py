@@ -18,7 +18,7 @@ from numba import cuda
 from tinyvllm.kernels.activation import silu_times
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.checks import check_array
-from tinyvllm.kernels.gemm import store_bf16
+from tinyvllm.kernels.gemm_stores import store_bf16
 from tinyvllm.kernels.gemv import launch
 from tinyvllm.kernels.operands import RMSNorm
 

@@ -1,0 +1,95 @@
+"""The matrix products' epilogues: how float32 sums go into Y.
+
+The one-element stores (bf16, float32, or added to bf16 Y, the residual stream's join) serve
+the GEMV (kernels/gemv.py) and the tiled GEMM (kernels/gemm.py). In the tiled GEMM a lane
+holds its accumulators as pairs of neighbouring columns (2t, 2t + 1 of each mma tile), so
+each store takes a pair: one element at a time (`pair_store` around a one-element store), or
+both in one element of out (`PAIR_STORES`): two bf16 as one 32-bit word, stored or added (a
+`packed` shape, where Y's rows allow it), or SwiGLU's one output of a (gate, up) pair, whose
+product is never written.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from tinyvllm.kernels.activation import silu_times
+from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
+from tinyvllm.kernels.device.mma import bf16x2
+
+
+@cuda.jit(device=True, inline=True)
+def store_bf16(out, row, col, value):
+    out[row, col] = f32_to_bf16(value)
+
+
+@cuda.jit(device=True, inline=True)
+def store_f32(out, row, col, value):
+    out[row, col] = value
+
+
+@cuda.jit(device=True, inline=True)
+def add_bf16(out, row, col, value):
+    """out += value, rounded once: how a sublayer's output joins the residual stream."""
+    out[row, col] = f32_to_bf16(bf16_to_f32(out[row, col]) + value)
+
+
+STORES = {np.dtype(np.uint16): store_bf16, np.dtype(np.float32): store_f32}
+
+
+@cuda.jit(device=True, inline=True)
+def store_bf16x2(out, row, col, width, low, high):
+    """Y[row, col:col+2] as one 32-bit word of out (Y's bf16 rows viewed as uint32, N even)."""
+    if col < width:
+        out[row, col >> 1] = bf16x2(low, high)
+
+
+@cuda.jit(device=True, inline=True)
+def add_bf16x2(out, row, col, width, low, high):
+    """Y[row, col:col+2] += (low, high) through one 32-bit word of out, each sum rounded once."""
+    if col < width:
+        word = out[row, col >> 1]
+        low_sum = bf16_to_f32(word & np.uint32(0xFFFF)) + low
+        out[row, col >> 1] = bf16x2(low_sum, bf16_to_f32(word >> np.uint32(16)) + high)
+
+
+@cuda.jit(device=True, inline=True)
+def store_silu_mul_pair(out, row, col, width, gate, up):
+    """out[row, col / 2] = silu(gate) * up: Y's columns col, col + 1 are a (gate, up) pair (the
+    weight's rows interleaved), and out's bf16 rows hold one output a pair. Both sums are
+    rounded to bf16 first, as the product's store rounds them before `activation.silu_mul`
+    reads them: the fused and unfused paths give the same bits."""
+    if col < width:
+        gate, up = bf16_to_f32(f32_to_bf16(gate)), bf16_to_f32(f32_to_bf16(up))
+        out[row, col >> 1] = f32_to_bf16(silu_times(gate, up))
+
+
+PAIR_STORES = (store_bf16x2, add_bf16x2, store_silu_mul_pair)
+"""Epilogue stores of two neighbouring outputs into one element of out: a 32-bit word of two
+bf16 (Y's rows viewed as uint32), or SwiGLU's one output of a (gate, up) pair."""
+
+
+@functools.cache
+def pair_store(store):
+    """The epilogue's store of Y[row, col] and Y[row, col + 1], each only inside Y (width wide)."""
+    if store in PAIR_STORES:
+        return store
+
+    @cuda.jit(device=True, inline=True)
+    def pair(out, row, col, width, low, high):
+        if col < width:
+            store(out, row, col, low)
+        if col + 1 < width:
+            store(out, row, col + 1, high)
+
+    return pair
+
+
+PACKED = {store_bf16: store_bf16x2, add_bf16: add_bf16x2}
+"""The bf16 stores' two-at-a-time forms, for a `packed` shape."""
+
+
+def store_for(out, accumulate: bool):
+    """The epilogue's store into out (checked by `check_linear`): add_bf16 to accumulate."""
+    return add_bf16 if accumulate else STORES[np.dtype(out.dtype)]
