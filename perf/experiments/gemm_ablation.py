@@ -22,7 +22,7 @@ from numba import cuda
 
 from perf.timing import median_ms, random_bf16, result_header
 from tinyvllm.kernels import gemm as gemm_module
-from tinyvllm.kernels import gemm_copies, gemm_stores, gemm_tiles
+from tinyvllm.kernels import gemm_copies, gemm_multiply, gemm_stores, gemm_tiles
 from tinyvllm.kernels.device.launch import launch_kernel
 from tinyvllm.kernels.device.simulator import SIMULATOR
 
@@ -45,18 +45,18 @@ def multiply_nothing(shape):
 
 def kernels() -> dict:
     """The whole kernel and its two ablations, each compiled on its own."""
-    store, real_multiplier = gemm_stores.store_bf16x2, gemm_tiles.slice_multiplier
+    store, real_multiplier = gemm_stores.store_bf16x2, gemm_multiply.slice_multiplier
     gemm_copies.SOURCES[copy_nothing] = gemm_copies.SOURCES[gemm_copies.stage_chunk_async]
     built = {
         "whole": gemm_module.gemm_kernel(gemm_copies.stage_chunk_async, store, SHAPE),
         "no_copies": gemm_module.gemm_kernel(copy_nothing, store, SHAPE),
     }
     gemm_module.gemm_kernel.cache_clear()
-    gemm_tiles.slice_multiplier = multiply_nothing
+    gemm_multiply.slice_multiplier = multiply_nothing
     try:
         built["no_mma"] = gemm_module.gemm_kernel(gemm_copies.stage_chunk_async, store, SHAPE)
     finally:
-        gemm_tiles.slice_multiplier = real_multiplier
+        gemm_multiply.slice_multiplier = real_multiplier
         gemm_module.gemm_kernel.cache_clear()
     return built
 

@@ -32,7 +32,7 @@ from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.mma import cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import check_rows_of_eight
-from tinyvllm.kernels.gemm import mma_into
+from tinyvllm.kernels.gemm_multiply import mma_into
 
 TILE = 64
 K_STEP = 16

@@ -57,7 +57,8 @@ from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT, SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, check_rows_of_eight
-from tinyvllm.kernels.gemm_tiles import STATIC_SHARED_BYTES, allow_dynamic_shared, chunk_slot_device, mma_into
+from tinyvllm.kernels.gemm_multiply import mma_into
+from tinyvllm.kernels.gemm_tiles import STATIC_SHARED_BYTES, allow_dynamic_shared, chunk_slot_device
 from tinyvllm.kernels.reference import from_bf16, to_bf16
 
 MAX_ROWS, WARP_N, REDUCE_THREADS = 128, 16, 256

@@ -2,6 +2,7 @@
 
     Y[M, N] = X[M, K] @ W[N, K]^T        (X, W bf16; accumulate in float32; Y bf16 or float32)
     Y[M, N] += X[M, K] @ W[N, K]^T       (`accumulate`: Y bf16, the sum rounded once)
+    out[M, N/2] = silu(gate) * up        (`gemm_silu_mul`: W's rows (gate, up) pairs)
 
 W keeps HF's [out_features, in_features] orientation, so both operands are read along K,
 which is the layout `mma.sync ... .row.col` takes: X row-major (A), W^T column-major (B).
@@ -13,13 +14,13 @@ put 4 warps across the tile, each a 64 x 32 piece, or stack a second row of warp
 256 x 128 tile). A lane holds the float32 accumulators of all 32 (128 registers, rows g and
 g + 8, columns 2t and 2t + 1 of each tile, g = lane // 4, t = lane % 4), in a local array
 indexed only by unrolled loop counters so that it never leaves the registers. The epilogue
-stores them from there.
+stores them from there (`gemm_stores.py`).
 
 The library's tile configuration is `gemm_tiles.GEMM_SHAPE` (what each of its fields buys
 is `gemm_tiles.py`'s docstring). K is walked BLOCK_K = 64 at a time: a step's slices X[128,
 64] and W[128, 64] sit in shared memory as unpadded rows whose 16-byte chunks are XOR-
 swizzled, so that the 8 rows one ldmatrix reads start in 8 different bank groups. Per 16 of
-K a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
+K (`gemm_multiply.py`) a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
 4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas: 8 ldmatrix for 32 mmas, where a
 64 x 32 piece takes 6 for 16. On the branch-free path (below) the next 16's fragments are
 loaded before this 16's mmas are issued.
@@ -56,6 +57,7 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
+from tinyvllm.kernels import gemm_multiply as multiply
 from tinyvllm.kernels import gemm_tiles as tiles
 from tinyvllm.kernels.device.checks import check_array
 from tinyvllm.kernels.device.launch import launch_kernel
@@ -66,14 +68,13 @@ from tinyvllm.kernels.device.mma import (
     WARP,
     cp_async_commit,
     cp_async_wait,
-    ldmatrix_x4,
 )
 from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_grid
 from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, data_address
 from tinyvllm.kernels.gemm_copies import copy_functions, rows_of_eight, stage_chunk_async, stage_chunk_ragged
 from tinyvllm.kernels.gemm_stores import PACKED, PAIR_STORES, pair_store, store_for, store_silu_mul_pair
-from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid, mma_into
+from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid
 
 BLOCK_M, BLOCK_N, BLOCK_K, THREADS = GEMM_SHAPE.block_m, GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.threads
 TILES_M = tiles.TILES_M
@@ -98,33 +99,6 @@ def check_linear(x, weight, out, out_name: str = "out", accumulate: bool = False
     return m, n, k
 
 
-@functools.cache
-def _k16_multiplier(shape: GemmShape):
-    """The checked 16 of K for one shape (the branch-free slice: `gemm_tiles.slice_multiplier`)."""
-    row_stride, tiles_n = shape.row_stride, shape.tiles_n
-    a_tile, b_pair = MMA_M * row_stride, 2 * MMA_N * row_stride
-
-    # --8<-- [start:k16]
-    @cuda.jit(device=True, inline=True)
-    def multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n):
-        """acc += the warp's X[64, 16] @ W[warp_n, 16]^T out of shared memory: an ldmatrix_x4
-        per two n8 tiles of W and per mma row of X, then the mmas; fewer past the edge of Y
-        (live_m rows, live_n columns of mma tiles hold outputs)."""
-        b = cuda.local.array((tiles_n, 2), np.uint32)
-        for p in range(tiles_n // 2):
-            b[2 * p, 0], b[2 * p, 1], b[2 * p + 1, 0], b[2 * p + 1, 1] = ldmatrix_x4(b_tiles, b_offset + p * b_pair)
-        for mi in range(TILES_M):
-            if mi < live_m:
-                a = ldmatrix_x4(a_tiles, a_offset + mi * a_tile)
-                for ni in range(tiles_n):
-                    if ni < live_n:
-                        mma_into(acc, mi, ni, a, b[ni, 0], b[ni, 1])
-
-    # --8<-- [end:k16]
-
-    return multiply_k16
-
-
 # --8<-- [start:kernel]
 @functools.cache
 def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
@@ -140,7 +114,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     shared_tiles, b_start = tiles.shared_tiles(shape)
     columns = 2 if store in PAIR_STORES else 1  # outputs per element of out
     store_pair = pair_store(store)
-    multiply_k16, multiply_slice = _k16_multiplier(shape), tiles.slice_multiplier(shape)
+    multiply_k16, multiply_slice = multiply.k16_multiplier(shape), multiply.slice_multiplier(shape)
 
     thread_copies, stage_operand, stage_whole_operand, source_view = copy_functions(shape, stage_chunk)
     # the element-wise staging gains nothing from the interior loop and spills with it

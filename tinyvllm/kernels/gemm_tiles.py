@@ -62,7 +62,7 @@ import functools
 import numpy as np
 from numba import cuda, uint16
 
-from tinyvllm.kernels.device.mma import MMA_K, MMA_M, MMA_N, WARP, ldmatrix_x4, mma_bf16_16816
+from tinyvllm.kernels.device.mma import MMA_M, MMA_N, WARP
 from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
@@ -245,59 +245,3 @@ def grid(shape: GemmShape, m: int, n: int) -> tuple:
     if shape.persistent:
         return (min(blocks_m * blocks_n, multiprocessor_count() * shape.blocks_per_sm),)
     return (blocks_m * blocks_n,) if shape.group_m else (blocks_n, blocks_m)
-
-
-@cuda.jit(device=True, inline=True)
-def mma_into(acc, mi, ni, a, b0, b1):
-    """acc[mi, ni] += the 16 x 16 A fragment a @ the 16 x 8 B fragment (b0, b1)."""
-    d0, d1, d2, d3 = mma_bf16_16816(
-        a[0], a[1], a[2], a[3], b0, b1, acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
-    )
-    acc[mi, ni, 0] = d0
-    acc[mi, ni, 1] = d1
-    acc[mi, ni, 2] = d2
-    acc[mi, ni, 3] = d3
-
-
-@functools.cache
-def slice_multiplier(shape: GemmShape):
-    """multiply_slice for one shape: a whole slice into acc, every mma tile inside Y
-    (`uniform`), its fragments loaded 16 of K ahead where `double_buffer`."""
-    row_stride, tiles_n, k16s = shape.row_stride, shape.tiles_n, shape.block_k // MMA_K
-    a_tile, b_pair = MMA_M * row_stride, 2 * MMA_N * row_stride
-    double_buffer = shape.double_buffer
-
-    @cuda.jit(device=True, inline=True)
-    def load_k16(a_frag, b_frag, buffer, a_tiles, b_tiles, a_offset, b_offset):
-        for p in range(tiles_n // 2):
-            b0, b1, b2, b3 = ldmatrix_x4(b_tiles, b_offset + p * b_pair)
-            b_frag[buffer, 2 * p, 0], b_frag[buffer, 2 * p, 1] = b0, b1
-            b_frag[buffer, 2 * p + 1, 0], b_frag[buffer, 2 * p + 1, 1] = b2, b3
-        for mi in range(TILES_M):
-            a0, a1, a2, a3 = ldmatrix_x4(a_tiles, a_offset + mi * a_tile)
-            a_frag[buffer, mi, 0], a_frag[buffer, mi, 1], a_frag[buffer, mi, 2], a_frag[buffer, mi, 3] = a0, a1, a2, a3
-
-    @cuda.jit(device=True, inline=True)
-    def mma_k16(acc, a_frag, b_frag, buffer):
-        for mi in range(TILES_M):
-            for ni in range(tiles_n):
-                a = (a_frag[buffer, mi, 0], a_frag[buffer, mi, 1], a_frag[buffer, mi, 2], a_frag[buffer, mi, 3])
-                mma_into(acc, mi, ni, a, b_frag[buffer, ni, 0], b_frag[buffer, ni, 1])
-
-    @cuda.jit(device=True, inline=True)
-    def multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk):
-        """acc += the warp's X[64, block_k] @ W[warp_n, block_k]^T, no branch among the loads
-        and mmas: 16 of K kk is chunk 2 kk + the lane's own, stored at slot (2 kk) ^ a_chunk."""
-        if double_buffer:
-            load_k16(a_frag, b_frag, 0, a_tiles, b_tiles, a_base + VECTOR * a_chunk, b_base + VECTOR * b_chunk)
-        for kk in range(k16s):
-            buffer = kk % 2 if double_buffer else 0
-            if double_buffer and kk + 1 < k16s:
-                a_next, b_next = VECTOR * ((2 * kk + 2) ^ a_chunk), VECTOR * ((2 * kk + 2) ^ b_chunk)
-                load_k16(a_frag, b_frag, 1 - buffer, a_tiles, b_tiles, a_base + a_next, b_base + b_next)
-            if not double_buffer:
-                a_this, b_this = VECTOR * ((2 * kk) ^ a_chunk), VECTOR * ((2 * kk) ^ b_chunk)
-                load_k16(a_frag, b_frag, 0, a_tiles, b_tiles, a_base + a_this, b_base + b_this)
-            mma_k16(acc, a_frag, b_frag, buffer)
-
-    return multiply_slice
