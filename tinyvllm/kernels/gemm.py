@@ -277,6 +277,8 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
                         for ni in range(tiles_n):
                             col_out = n0 + warp_n + ni * MMA_N + 2 * t
                             store_pair(out, row, col_out, width, acc[mi, ni, 2 * half], acc[mi, ni, 2 * half + 1])
+            if not persistent:  # a compile-time constant: one tile a block, no loop to carry registers round
+                break
             tile = np.uint32(tile + tile_stride)
             if tile < tile_count:
                 m0, n0 = tile_origin(tile, blocks_m, blocks_n)
