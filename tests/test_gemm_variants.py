@@ -22,8 +22,7 @@ from numba import cuda
 
 from perf.experiments.gemm_variants import VARIANTS
 from tests.helpers import BF16_TOLERANCE, SIMULATOR, poisoned, random_bf16, relative_error, widen
-from tinyvllm.kernels import gemm_tiles, reference
-from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
+from tinyvllm.kernels import reference
 from tinyvllm.kernels.gemm import gemm
 from tinyvllm.kernels.gemm_tiles import (
     BANK_GROUPS,
@@ -220,25 +219,6 @@ def test_packed_variant_falls_back_on_odd_n_and_accumulates():
     x, weight, base = random_bf16(rng, (9, 24)), random_bf16(rng, (10, 24)), random_bf16(rng, (9, 10))
     expected = widen(base) + reference.linear(widen(x), widen(weight))
     assert relative_error(run(x, weight, np.uint16, shape, accumulate_onto=base), expected) <= BF16_TOLERANCE
-
-
-PERSISTENT = "quad_k64_swizzle3_dbuf_raster8_packed_persistent"
-
-
-@pytest.mark.parametrize(("m", "n", "k"), [(136, 130, 200), (130, 136, 8), (260, 8, 72)])
-def test_persistent_blocks_walk_several_tiles(m, n, k, monkeypatch):
-    """On a GPU of one SM, two blocks: each walks two or more tiles, staging its next tile's
-    first slices in its last steps; K = 8 (one slice, fewer than the stages ahead): the first
-    slices staged span three tiles."""
-    monkeypatch.setattr(gemm_tiles, "multiprocessor_count", lambda: 1)
-    assert grid(VARIANTS[PERSISTENT], m, n) == (2,)
-    check(VARIANTS[PERSISTENT], m, n, k)
-
-
-def test_persistent_grid_is_the_blocks_the_gpu_holds_at_most_one_a_tile():
-    shape = VARIANTS[PERSISTENT]
-    assert grid(shape, 4096, 2048) == (2 * multiprocessor_count(),)
-    assert grid(shape, 256, 384) == (6,)
 
 
 def test_swizzled_variant_takes_unaligned_k():

@@ -1,9 +1,8 @@
-"""The MLP's gate|up product with SwiGLU after it: fused into the GEMV's or the tiled GEMM's
-store, or unfused.
+"""The MLP's gate|up product with SwiGLU after it: fused into the GEMV's store, or unfused.
 
 Oracles: the float64 reference of x @ W^T, rounded to bf16 as the unfused path stores it,
-then silu(gate) * up; and, for each fused kernel, the same product kernel unfused plus the
-activation kernel, which must give the very same bits (same sums, same roundings).
+then silu(gate) * up; and, for the fused GEMV, the unfused GEMV + activation kernel, which
+must give the very same bits (same sums, same roundings).
 """
 
 import numpy as np
@@ -16,7 +15,6 @@ from tests.helpers import BF16_TOLERANCE, SIMULATOR, pick, poisoned, random_bf16
 from tests.test_gemv import LONG_KS, small_gpu
 from tinyvllm.kernels import reference
 from tinyvllm.kernels.activation import silu_mul
-from tinyvllm.kernels.gemm import gemm, gemm_silu_mul
 from tinyvllm.kernels.gemv import gemv
 from tinyvllm.kernels.gemv_shape import MAX_ROWS
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
@@ -26,15 +24,13 @@ from tinyvllm.model.llama import interleave_rows
 
 
 @st.composite
-def problems(draw, whole_vectors=False, tiled=False):
-    """x [M, K] and an interleaved gate|up weight [2I, K]; I around the block edge, K ragged too;
-    M up to the GEMV's rows, or (`tiled`) past a tile of the tiled GEMM on the GPU. Under the
-    simulator a long K comes with one row and I of at most 8: a long K at M = 4 and I = 24 took
-    the simulator about a minute a call."""
+def problems(draw, whole_vectors=False):
+    """x [M, K] and an interleaved gate|up weight [2I, K]; I around the block edge, K ragged too.
+    Under the simulator a long K comes with one row and I of at most 8: a long K at M = 4 and
+    I = 24 took the simulator about a minute a call."""
     k = draw(st.one_of(st.integers(1, pick(64, 5000)), st.sampled_from(LONG_KS)))
     small = k in LONG_KS and SIMULATOR
-    max_rows = pick(MAX_ROWS + 1, 300) if tiled else MAX_ROWS
-    m = draw(st.one_of(st.just(1), st.integers(1, 1 if small else max_rows)))
+    m = draw(st.one_of(st.just(1), st.integers(1, 1 if small else MAX_ROWS)))
     if whole_vectors:
         intermediate = 8 * draw(st.integers(1, 1 if small else pick(3, 90)))
     else:
@@ -67,27 +63,6 @@ def run_fused(x, weight) -> np.ndarray:
 def test_fused_gemv_matches_reference(problem):
     x, weight = problem
     assert_matches_reference(run_fused(x, weight), x, weight)
-
-
-@given(problems(tiled=True))
-def test_tiled_gemm_with_silu_in_its_store_matches_reference(problem):
-    x, weight = problem
-    out = poisoned((x.shape[0], weight.shape[0] // 2))
-    gemm_silu_mul(cuda.to_device(x), cuda.to_device(weight), out)
-    assert_matches_reference(out.copy_to_host(), x, weight)
-
-
-@sharded(2)
-@given(problems(whole_vectors=True, tiled=True))
-def test_tiled_gemm_with_silu_gives_the_bits_of_the_product_then_activation(shard, problem):
-    x, weight = problem
-    out = poisoned((x.shape[0], weight.shape[0] // 2))
-    gemm_silu_mul(cuda.to_device(x), cuda.to_device(weight), out)
-    gate_up = poisoned((x.shape[0], weight.shape[0]))
-    gemm(cuda.to_device(x), cuda.to_device(weight), gate_up)
-    unfused = poisoned((x.shape[0], weight.shape[0] // 2))
-    silu_mul(gate_up, unfused)
-    np.testing.assert_array_equal(out.copy_to_host(), unfused.copy_to_host())
 
 
 @sharded(2)
@@ -148,15 +123,6 @@ def test_bad_arguments_are_rejected_by_name(name, make_bad, kernel):
     arguments[name] = make_bad()
     with pytest.raises(ValueError, match=f"^{name}:"):
         linear_silu_mul(**arguments, kernel=kernel)
-
-
-@pytest.mark.parametrize("name, make_bad", [case for case in BAD_ARGUMENTS if case[0] != "gate_up"])
-def test_tiled_gemm_with_silu_rejects_bad_arguments_by_name(name, make_bad):
-    arguments = _valid_arguments()
-    del arguments["gate_up"]
-    arguments[name] = make_bad()
-    with pytest.raises(ValueError, match=f"^{name}:"):
-        gemm_silu_mul(**arguments)
 
 
 def test_fused_gemv_refuses_more_than_max_rows():

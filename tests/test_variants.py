@@ -107,7 +107,6 @@ KERNEL_FUNCTIONS = {
     "gemv_silu_mul": ("gemv", "gemv_normalized"),
     "gemv_rope_write_kv": ("gemv", "gemv_normalized"),
     "gemm": "gemm",
-    "gemm_silu_mul": "gemm",
     "silu_mul": "_silu_mul_kernel",
     "rope_write_kv": "_rope_write_kv_kernel",
     "paged_decode_attention": "decode",

@@ -32,7 +32,7 @@ from perf.kernel_registers import assemble_ptx, ptxas_report
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import gemm_kernel
 from tinyvllm.kernels.gemm_copies import stage_chunk_async, stage_chunk_ragged
-from tinyvllm.kernels.gemm_stores import add_bf16, add_bf16x2, store_bf16, store_bf16x2, store_f32, store_silu_mul_pair
+from tinyvllm.kernels.gemm_stores import add_bf16, add_bf16x2, store_bf16, store_bf16x2, store_f32
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE
 
 TILE, ANY = types.uint16[:, ::1], types.uint16[:, :]
@@ -42,7 +42,6 @@ KERNELS = {
     "async, float32": (stage_chunk_async, store_f32, (TILE, TILE, types.float32[:, ::1])),
     "async, accumulate": (stage_chunk_async, add_bf16, (TILE, TILE, TILE)),
     "async, packed add": (stage_chunk_async, add_bf16x2, (TILE, TILE, types.uint32[:, ::1])),
-    "async, SiLU mul": (stage_chunk_async, store_silu_mul_pair, (TILE, TILE, TILE)),
     "ragged, bf16": (stage_chunk_ragged, store_bf16, (ANY, ANY, TILE)),
 }
 """The library's kernels for one shape: cp.async or element-wise staging, and each store (the

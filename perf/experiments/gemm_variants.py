@@ -92,18 +92,6 @@ VARIANTS = {
         block_k=64, swizzle=True, stages=3, uniform=True, double_buffer=True, group_m=8, packed=True, warps_n=2
     ),
     "quad_swizzle4_raster8_packed": GemmShape(swizzle=True, stages=4, uniform=True, group_m=8, packed=True, warps_n=2),
-    # the library's tile in as many blocks as the GPU holds, each staging its next tile's first slices early
-    "quad_k64_swizzle3_dbuf_raster8_packed_persistent": GemmShape(
-        block_k=64,
-        swizzle=True,
-        stages=3,
-        uniform=True,
-        double_buffer=True,
-        group_m=8,
-        packed=True,
-        warps_n=2,
-        persistent=True,
-    ),
 }
 """Name -> shape (gemm_tiles.py: what each field changes); `quad_k64_swizzle3_dbuf_raster8_packed` is the
 library's GEMM_SHAPE. The 128 x 256 tiles come packed only: with per-element bf16 stores LLVM

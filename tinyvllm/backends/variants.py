@@ -62,8 +62,6 @@ EPILOGUES = {"linear": (), "linear_silu_mul": ("silu_mul",), "linear_rope_write_
 """The kernels that follow any other product kernel, reading what it wrote."""
 PRODUCT_KERNELS = {"cublas": "cublas_gemm", "tiled": "gemm"}
 """The launcher of each product kernel that leaves the norm and the epilogue to kernels of their own."""
-TILED_FUSED = {"linear_silu_mul": "gemm_silu_mul"}
-"""The tiled GEMM's launcher of a product operator whose epilogue it stores itself."""
 PREFILL_P_PRECISION = "fp16"
 """How flash prefill multiplies P V (`attention_tiles.P_PRECISIONS`): one float16 pass is the
 faster at every shape `perf/bench_attention.py --p-precision` times (`perf/LOG.md`). Cascade's
@@ -156,8 +154,6 @@ class VariantTable:
         product = self.product(rows)
         if product == "gemv":
             return (KernelLaunch(FUSED[operator]),)
-        if product == "tiled" and operator in TILED_FUSED:
-            return tuple(KernelLaunch(name) for name in ("rmsnorm",) * normed + (TILED_FUSED[operator],))
         names = ("rmsnorm",) * normed + (PRODUCT_KERNELS[product],) + EPILOGUES[operator]
         return tuple(KernelLaunch(name) for name in names)
 

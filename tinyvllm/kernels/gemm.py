@@ -2,7 +2,6 @@
 
     Y[M, N] = X[M, K] @ W[N, K]^T        (X, W bf16; accumulate in float32; Y bf16 or float32)
     Y[M, N] += X[M, K] @ W[N, K]^T       (`accumulate`: Y bf16, the sum rounded once)
-    out[M, N/2] = silu(gate) * up        (`gemm_silu_mul`: W's rows (gate, up) pairs)
 
 W keeps HF's [out_features, in_features] orientation, so both operands are read along K,
 which is the layout `mma.sync ... .row.col` takes: X row-major (A), W^T column-major (B).
@@ -20,10 +19,10 @@ The library's tile configuration is `gemm_tiles.GEMM_SHAPE` (what each of its fi
 is `gemm_tiles.py`'s docstring). K is walked BLOCK_K = 64 at a time: a step's slices X[128,
 64] and W[128, 64] sit in shared memory as unpadded rows whose 16-byte chunks are XOR-
 swizzled, so that the 8 rows one ldmatrix reads start in 8 different bank groups. Per 16 of
-K (`gemm_multiply.py`) a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A tile of each mma row;
-4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas: 8 ldmatrix for 32 mmas, where a
-64 x 32 piece takes 6 for 16. On the branch-free path (below) the next 16's fragments are
-loaded before this 16's mmas are issued.
+K (`gemm_multiply.py`) a warp loads its fragments with ldmatrix_x4 (4 for X: the 16 x 16 A
+tile of each mma row; 4 for W: b0, b1 of two n8 tiles each) and issues 32 mmas: 8 ldmatrix
+for 32 mmas, where a 64 x 32 piece takes 6 for 16. On the branch-free path (below) the next
+16's fragments are loaded before this 16's mmas are issued.
 
 The slices come in by cp.async, global to shared with no register in between, into one
 of three stages. At the top of step s the block waits for its copies of slice s and meets at
@@ -73,7 +72,7 @@ from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_g
 from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, data_address
 from tinyvllm.kernels.gemm_copies import copy_functions, rows_of_eight, stage_chunk_async, stage_chunk_ragged
-from tinyvllm.kernels.gemm_stores import PACKED, PAIR_STORES, pair_store, store_for, store_silu_mul_pair
+from tinyvllm.kernels.gemm_stores import PACKED, PAIR_STORES, pair_store, store_for
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid
 
 BLOCK_M, BLOCK_N, BLOCK_K, THREADS = GEMM_SHAPE.block_m, GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.threads
@@ -110,7 +109,6 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     shift, mask, tiles_n = shape.swizzle_shift, shape.swizzle_mask, shape.tiles_n
     warp_n_size, warps_n = shape.warp_n, shape.warps_n
     pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
-    persistent = shape.persistent
     shared_tiles, b_start = tiles.shared_tiles(shape)
     columns = 2 if store in PAIR_STORES else 1  # outputs per element of out
     store_pair = pair_store(store)
@@ -134,46 +132,16 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         stage_whole_operand(a_tiles, fill * stage_a, x_source, a_copies, a_count, fill_k0)
         stage_whole_operand(b_tiles, b_start + fill * stage_b, w_source, b_copies, b_count, fill_k0)
 
-    @cuda.jit(device=True, inline=True)
-    def advance(fill_tile, fill_k0, k_end, tile_stride):
-        """The ring's next slice after (fill_tile, fill_k0): the tile's next, or the next tile's first."""
-        fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
-        if fill_k0 < k_end:
-            return fill_tile, fill_k0
-        return np.uint32(fill_tile + tile_stride), np.uint32(0)
-
-    @cuda.jit(device=True, inline=True)
-    def tile_origin(tile, blocks_m, blocks_n):
-        """(m0, n0): the first row and column of Y in tile `tile` of the block order."""
-        if grouped:
-            tile_m, tile_n = tiles.grouped_tile(tile, blocks_m, blocks_n, np.uint32(group_m))
-        else:
-            tile_m, tile_n = tile // blocks_n, tile % blocks_n
-        return np.uint32(tile_m * np.uint32(block_m)), np.uint32(tile_n * np.uint32(block_n))
-
-    @cuda.jit(device=True, inline=True)
-    def stage_ahead(x, weight, a_tiles, b_tiles, copies, tile, ring, blocks):
-        """Start this thread's copies of the ring's next slice, ring = (fill_tile, fill, fill_k0),
-        into stage `fill` if the block has that tile: its own (`copies`, this tile's (a, b)
-        copies), or a persistent block's next one; blocks = (blocks_m, blocks_n) of tiles."""
-        (a_copies, b_copies), (fill_tile, fill, fill_k0), (blocks_m, blocks_n) = copies, ring, blocks
-        k, tid = np.uint32(x.shape[1]), np.uint32(cuda.threadIdx.x)
-        col = (tid % chunks) * np.uint32(VECTOR)
-        x_source, w_source = source_view(x), source_view(weight)
-        if fill_tile == tile:
-            stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
-        elif persistent and fill_tile < np.uint32(blocks_m * blocks_n):
-            m0, n0 = tile_origin(fill_tile, blocks_m, blocks_n)
-            next_a = thread_copies(np.uint32(x.shape[0]), m0, tid // chunks, tid % chunks, k, a_count)
-            next_b = thread_copies(np.uint32(weight.shape[0]), n0, tid // chunks, tid % chunks, k, b_count)
-            stage_slice(a_tiles, b_tiles, x_source, w_source, next_a, next_b, col, k, fill, fill_k0)
-
     @cuda.jit(**launch_bounds(shape.threads, shape.blocks_per_sm))
     def gemm(x, weight, out):
         allow_dependent_launch()
         wait_for_prior_grid()
         a_tiles, b_tiles = shared_tiles()
         acc = cuda.local.array((TILES_M, tiles_n, 4), float32)
+        for mi in range(TILES_M):
+            for ni in range(tiles_n):
+                for r in range(4):
+                    acc[mi, ni, r] = float32(0.0)
         a_frag = cuda.local.array((2, TILES_M, 4), np.uint32)
         b_frag = cuda.local.array((2, tiles_n, 2), np.uint32)
 
@@ -181,12 +149,13 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         tid = np.uint32(cuda.threadIdx.x)
         warp, lane = tid // WARP, tid % WARP
         width = np.int64(out.shape[1]) * columns
-        blocks_m = np.uint32((out.shape[0] + block_m - 1) // block_m)
-        blocks_n = np.uint32((width + block_n - 1) // block_n)
-        tile_count = np.uint32(blocks_m * blocks_n)
-        # one tile a block, or (persistent) every gridDim-th tile from the block's own
-        tile = np.uint32(np.uint32(cuda.blockIdx.y) * np.uint32(cuda.gridDim.x) + np.uint32(cuda.blockIdx.x))
-        tile_stride = np.uint32(np.uint32(cuda.gridDim.x) * np.uint32(cuda.gridDim.y))
+        if grouped:
+            blocks_m = np.uint32((out.shape[0] + block_m - 1) // block_m)
+            blocks_n = np.uint32((width + block_n - 1) // block_n)
+            tile_m, tile_n = tiles.grouped_tile(np.uint32(cuda.blockIdx.x), blocks_m, blocks_n, np.uint32(group_m))
+        else:
+            tile_m, tile_n = np.uint32(cuda.blockIdx.y), np.uint32(cuda.blockIdx.x)
+        m0, n0 = np.uint32(tile_m) * block_m, np.uint32(tile_n) * block_n
         warp_m = (warp // warps_n) * tiles.WARP_M
         warp_n = (warp % warps_n) * warp_n_size
         copy_row, copy_chunk = tid // chunks, tid % chunks
@@ -197,94 +166,74 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
         a_row, b_row = matrix_row + 8 * (matrix % 2), matrix_row + 8 * (matrix // 2)
         a_lane, a_chunk = (warp_m + a_row) * row_stride, tiles.chunk_slot_device(a_row, matrix // 2, shift, mask)
         b_lane, b_chunk = (warp_n + b_row) * row_stride, tiles.chunk_slot_device(b_row, matrix % 2, shift, mask)
+
+        # mma tiles wholly past the edge of Y are skipped: the count is the same for all
+        # lanes of a warp, so the warp-collective instructions stay convergent
+        live_m = min(max(np.int64(out.shape[0]) - (m0 + warp_m) + MMA_M - 1, 0) // MMA_M, TILES_M)
+        live_n = min(max(width - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, tiles_n)
         k = np.uint32(x.shape[1])
         num_steps = (k + np.uint32(block_k - 1)) // np.uint32(block_k)
-        k_end = np.uint32(num_steps * np.uint32(block_k))
+        # the steps that take the branch-free path: all of a warp's tiles inside Y, the slice inside K
+        whole_steps = k // np.uint32(block_k) if uniform and live_m == TILES_M and live_n == tiles_n else np.uint32(0)
         x_source, w_source = source_view(x), source_view(weight)
-        blocks = (blocks_m, blocks_n)
-        m0, n0 = tile_origin(tile, blocks_m, blocks_n)
         a_copies = thread_copies(np.uint32(x.shape[0]), m0, copy_row, copy_chunk, k, a_count)
         b_copies = thread_copies(np.uint32(weight.shape[0]), n0, copy_row, copy_chunk, k, b_count)
-        copies = (a_copies, b_copies)
-
-        # The stage ring is one stream of slices over all the block's tiles: past its tile's
-        # last slice the block stages its next tile's first ones, which load during its epilogue.
+        col = copy_chunk * np.uint32(VECTOR)
         # 32-bit counters, and stages counted, not taken modulo: Numba's loop index and a
         # remainder by 3 are 64-bit arithmetic in every step
-        fill_tile, fill, fill_k0 = tile, np.uint32(0), np.uint32(0)
-        for _ in range(stages - 1):
-            stage_ahead(x, weight, a_tiles, b_tiles, copies, tile, (fill_tile, fill, fill_k0), blocks)
+        fill, fill_k0 = np.uint32(0), np.uint32(0)
+        for s in range(stages - 1):
+            if s < num_steps:
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
             cp_async_commit()  # empty groups too: the wait below counts groups
-            fill_tile, fill_k0 = advance(fill_tile, fill_k0, k_end, tile_stride)
-            fill = np.uint32(fill + np.uint32(1))
-        stage = np.uint32(0)
-        while tile < tile_count:
-            for mi in range(TILES_M):
-                for ni in range(tiles_n):
-                    for r in range(4):
-                        acc[mi, ni, r] = float32(0.0)
-            # mma tiles wholly past the edge of Y are skipped: the count is the same for all
-            # lanes of a warp, so the warp-collective instructions stay convergent
-            live_m = min(max(np.int64(out.shape[0]) - (m0 + warp_m) + MMA_M - 1, 0) // MMA_M, TILES_M)
-            live_n = min(max(width - (n0 + warp_n) + MMA_N - 1, 0) // MMA_N, tiles_n)
-            # the steps that take the branch-free path: all of a warp's tiles inside Y, the slice inside K
-            whole = uniform and live_m == TILES_M and live_n == tiles_n
-            whole_steps = k // np.uint32(block_k) if whole else np.uint32(0)
-            step = np.uint32(0)
-            # a block wholly inside Y first walks the steps whose refill is wholly inside its
-            # tile and K with no predicate and no edge path: fewer live values in the loop that
-            # does the work
-            if interior_loop:  # a compile-time constant: Numba drops the branch, types and all
-                interior_steps = np.uint32(0)
-                block_inside = m0 + block_m <= x.shape[0] and n0 + block_n <= weight.shape[0]
-                if block_inside and whole_steps >= stages - 1:
-                    interior_steps = np.uint32(whole_steps - np.uint32(stages - 1))
-                while step < interior_steps:
-                    cp_async_wait(pending)
-                    cuda.syncthreads()
-                    stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, fill, fill_k0)
-                    cp_async_commit()
-                    fill = tiles.next_stage(fill, stages)
-                    fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
-                    a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
-                    stage = tiles.next_stage(stage, stages)
-                    multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
-                    step = np.uint32(step + np.uint32(1))
-            while step < num_steps:
+            fill, fill_k0 = np.uint32(fill + np.uint32(1)), np.uint32(fill_k0 + np.uint32(block_k))
+        step, stage = np.uint32(0), np.uint32(0)
+        # a block wholly inside Y first walks the steps whose refill is wholly inside K with
+        # no predicate and no edge path: fewer live values in the loop that does the work
+        if interior_loop:  # a compile-time constant: Numba drops the branch, types and all
+            interior_steps = np.uint32(0)
+            block_inside = m0 + block_m <= x.shape[0] and n0 + block_n <= weight.shape[0]
+            if block_inside and whole_steps >= stages - 1:
+                interior_steps = np.uint32(whole_steps - np.uint32(stages - 1))
+            while step < interior_steps:
                 cp_async_wait(pending)
-                cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
-                stage_ahead(x, weight, a_tiles, b_tiles, copies, tile, (fill_tile, fill, fill_k0), blocks)
+                cuda.syncthreads()
+                stage_whole_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, fill, fill_k0)
                 cp_async_commit()
-                fill_tile, fill_k0 = advance(fill_tile, fill_k0, k_end, tile_stride)
                 fill = tiles.next_stage(fill, stages)
+                fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
                 a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
                 stage = tiles.next_stage(stage, stages)
-                if step < whole_steps:
-                    multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
-                else:
-                    for kk in range(block_k // MMA_K):
-                        if live_m > 0 and live_n > 0 and step * block_k + kk * MMA_K < k:
-                            a_offset = a_base + VECTOR * ((2 * kk) ^ a_chunk)
-                            b_offset = b_base + VECTOR * ((2 * kk) ^ b_chunk)
-                            multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n)
+                multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
                 step = np.uint32(step + np.uint32(1))
+        while step < num_steps:
+            cp_async_wait(pending)
+            cuda.syncthreads()  # slice `step` is in, and no warp still reads the stage refilled next
+            if np.uint32(step + np.uint32(stages - 1)) < num_steps:
+                stage_slice(a_tiles, b_tiles, x_source, w_source, a_copies, b_copies, col, k, fill, fill_k0)
+            cp_async_commit()
+            fill = tiles.next_stage(fill, stages)
+            fill_k0 = np.uint32(fill_k0 + np.uint32(block_k))
+            a_base, b_base = stage * stage_a + a_lane, b_start + stage * stage_b + b_lane
+            stage = tiles.next_stage(stage, stages)
+            if step < whole_steps:
+                multiply_slice(acc, a_frag, b_frag, a_tiles, b_tiles, a_base, b_base, a_chunk, b_chunk)
+            else:
+                for kk in range(block_k // MMA_K):
+                    if live_m > 0 and live_n > 0 and step * block_k + kk * MMA_K < k:
+                        a_offset = a_base + VECTOR * ((2 * kk) ^ a_chunk)
+                        b_offset = b_base + VECTOR * ((2 * kk) ^ b_chunk)
+                        multiply_k16(acc, a_tiles, b_tiles, a_offset, b_offset, live_m, live_n)
+            step = np.uint32(step + np.uint32(1))
 
-            g, t = lane // 4, lane % 4
-            for mi in range(TILES_M):
-                for half in range(2):
-                    row = m0 + warp_m + mi * MMA_M + 8 * half + g
-                    if row < out.shape[0]:
-                        for ni in range(tiles_n):
-                            col_out = n0 + warp_n + ni * MMA_N + 2 * t
-                            store_pair(out, row, col_out, width, acc[mi, ni, 2 * half], acc[mi, ni, 2 * half + 1])
-            if not persistent:  # a compile-time constant: one tile a block, no loop to carry registers round
-                break
-            tile = np.uint32(tile + tile_stride)
-            if tile < tile_count:
-                m0, n0 = tile_origin(tile, blocks_m, blocks_n)
-                a_copies = thread_copies(np.uint32(x.shape[0]), m0, copy_row, copy_chunk, k, a_count)
-                b_copies = thread_copies(np.uint32(weight.shape[0]), n0, copy_row, copy_chunk, k, b_count)
-                copies = (a_copies, b_copies)
+        g, t = lane // 4, lane % 4
+        for mi in range(TILES_M):
+            for half in range(2):
+                row = m0 + warp_m + mi * MMA_M + 8 * half + g
+                if row < out.shape[0]:
+                    for ni in range(tiles_n):
+                        col = n0 + warp_n + ni * MMA_N + 2 * t
+                        store_pair(out, row, col, width, acc[mi, ni, 2 * half], acc[mi, ni, 2 * half + 1])
 
     return gemm
 
@@ -295,34 +244,14 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
 def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape = GEMM_SHAPE) -> None:
     """out[M, N] = x[M, K] @ weight[N, K]^T with the tiled kernel (any shape; best for large M);
     with `accumulate`, out += the product. `shape`: the tile configuration (`gemm_tiles.py`)."""
-    _, n, _ = check_linear(x, weight, out, accumulate=accumulate)
-    store = store_for(out, accumulate)
-    if shape.packed and store in PACKED and n % 2 == 0 and data_address(out) % 4 == 0:
-        store, out = PACKED[store], out.view(np.uint32)
-    _launch(x, weight, out, store, shape, stream)
-
-
-def gemm_silu_mul(x, weight, out, *, stream=0, shape: GemmShape = GEMM_SHAPE) -> None:
-    """out[M, N / 2] = silu(gate) * up of x[M, K] @ weight[N, K]^T, whose columns are (gate, up)
-    pairs (the weight's rows interleaved, `activation.py`): SwiGLU in the tiled kernel's store,
-    the product never written."""
-    m, k = check_array("x", x, np.uint16, (None, None))
-    n, _ = check_array("weight", weight, np.uint16, (None, k))
-    if n % 2:
-        raise ValueError(f"weight: {n} rows, expected (gate, up) pairs")
-    check_array("out", out, np.uint16, (m, n // 2))
-    if min(m, n, k) == 0:
-        raise ValueError(f"gemm_silu_mul: empty operand (M={m}, N={n}, K={k})")
-    _launch(x, weight, out, store_silu_mul_pair, shape, stream)
-
-
-def _launch(x, weight, out, store, shape: GemmShape, stream) -> None:
-    """Launch `shape`'s kernel for x @ weight^T into out through `store` (operands checked)."""
+    m, n, _ = check_linear(x, weight, out, accumulate=accumulate)
     # cp.async's flat indices are 32-bit: a matrix of 2^32 elements or more is gathered
     fits = max(x.shape[0] * x.shape[1], weight.shape[0] * weight.shape[1]) < 2**32
     stage_chunk = stage_chunk_async if fits and rows_of_eight(x, weight) else stage_chunk_ragged
+    store = store_for(out, accumulate)
+    if shape.packed and store in PACKED and n % 2 == 0 and data_address(out) % 4 == 0:
+        store, out = PACKED[store], out.view(np.uint32)
     kernel = gemm_kernel(stage_chunk, store, shape)
     if shape.dynamic_bytes and not SIMULATOR:
         allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)
-    grid_shape = grid(shape, x.shape[0], weight.shape[0])
-    launch_kernel(kernel, grid_shape, shape.threads, stream, x, weight, out, shared_bytes=shape.dynamic_bytes)
+    launch_kernel(kernel, grid(shape, m, n), shape.threads, stream, x, weight, out, shared_bytes=shape.dynamic_bytes)

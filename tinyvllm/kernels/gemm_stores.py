@@ -4,9 +4,8 @@ The one-element stores (bf16, float32, or added to bf16 Y, the residual stream's
 the GEMV (kernels/gemv.py) and the tiled GEMM (kernels/gemm.py). In the tiled GEMM a lane
 holds its accumulators as pairs of neighbouring columns (2t, 2t + 1 of each mma tile), so
 each store takes a pair: one element at a time (`pair_store` around a one-element store), or
-both in one element of out (`PAIR_STORES`): two bf16 as one 32-bit word, stored or added (a
-`packed` shape, where Y's rows allow it), or SwiGLU's one output of a (gate, up) pair, whose
-product is never written.
+both as one 32-bit word of two bf16, stored or added (`PAIR_STORES`, for a `packed` shape
+where Y's rows allow it).
 """
 
 import functools
@@ -14,7 +13,6 @@ import functools
 import numpy as np
 from numba import cuda
 
-from tinyvllm.kernels.activation import silu_times
 from tinyvllm.kernels.device.bf16 import bf16_to_f32, f32_to_bf16
 from tinyvllm.kernels.device.mma import bf16x2
 
@@ -54,20 +52,9 @@ def add_bf16x2(out, row, col, width, low, high):
         out[row, col >> 1] = bf16x2(low_sum, bf16_to_f32(word >> np.uint32(16)) + high)
 
 
-@cuda.jit(device=True, inline=True)
-def store_silu_mul_pair(out, row, col, width, gate, up):
-    """out[row, col / 2] = silu(gate) * up: Y's columns col, col + 1 are a (gate, up) pair (the
-    weight's rows interleaved), and out's bf16 rows hold one output a pair. Both sums are
-    rounded to bf16 first, as the product's store rounds them before `activation.silu_mul`
-    reads them: the fused and unfused paths give the same bits."""
-    if col < width:
-        gate, up = bf16_to_f32(f32_to_bf16(gate)), bf16_to_f32(f32_to_bf16(up))
-        out[row, col >> 1] = f32_to_bf16(silu_times(gate, up))
-
-
-PAIR_STORES = (store_bf16x2, add_bf16x2, store_silu_mul_pair)
-"""Epilogue stores of two neighbouring outputs into one element of out: a 32-bit word of two
-bf16 (Y's rows viewed as uint32), or SwiGLU's one output of a (gate, up) pair."""
+PAIR_STORES = (store_bf16x2, add_bf16x2)
+"""Epilogue stores of two neighbouring outputs as one 32-bit word of two bf16 (Y's rows
+viewed as uint32)."""
 
 
 @functools.cache

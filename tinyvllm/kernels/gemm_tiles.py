@@ -30,11 +30,6 @@ The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere
 - `group_m`: blocks in a 1-D grid, handed out in groups of group_m rows of tiles (column by
   column within a group), so that the blocks resident at once share W's tiles in L2; 0:
   a 2-D grid, blockIdx.x along N (each wave sweeps all of W for one or two rows of tiles).
-- `persistent`: as many blocks as the GPU holds at once (`blocks_per_sm` an SM), each walking
-  every gridDim-th tile, its stage ring one stream over them: in its tile's last steps a block
-  stages its next tile's first slices, which load while it stores this tile, where a fresh
-  block would start its loads only after the last one left (and, its wave's blocks all
-  starting together, wait for them with the whole SM idle).
 - `packed`: the bf16 epilogue stores two neighbouring outputs as one 32-bit word
   (`cvt.rn.bf16x2`), and a product added to Y reads and writes them so, when Y's rows allow
   it (even N, 4-byte aligned); otherwise per element.
@@ -63,7 +58,6 @@ import numpy as np
 from numba import cuda, uint16
 
 from tinyvllm.kernels.device.mma import MMA_M, MMA_N, WARP
-from tinyvllm.kernels.device.multiprocessors import multiprocessor_count
 from tinyvllm.kernels.device.simulator import SHARED_ALIGNMENT
 from tinyvllm.kernels.device.vector_io import VECTOR
 
@@ -95,7 +89,6 @@ class GemmShape:
     packed: bool = False
     blocks_per_sm: int = 2
     warps_n: int = 4
-    persistent: bool = False
 
     def __post_init__(self):
         sizes = self.block_m in (128, 256) and self.block_n in (128, 256) and self.block_k in (32, 64)
@@ -239,9 +232,6 @@ def allow_dynamic_shared(kernel, argument_types: tuple, nbytes: int) -> None:
 
 
 def grid(shape: GemmShape, m: int, n: int) -> tuple:
-    """The launch grid of `shape`'s kernel for an M x N output: a block a tile, or (persistent)
-    the blocks the GPU holds at once, at most one a tile."""
+    """The launch grid of `shape`'s kernel for an M x N output."""
     blocks_m, blocks_n = -(-m // shape.block_m), -(-n // shape.block_n)
-    if shape.persistent:
-        return (min(blocks_m * blocks_n, multiprocessor_count() * shape.blocks_per_sm),)
     return (blocks_m * blocks_n,) if shape.group_m else (blocks_n, blocks_m)

@@ -7,9 +7,8 @@
 
 Which kernel fits a call is the variant table's choice (backends/variants.py). Two products
 take the next operator with them, fused into the GEMV's store where the GEMV runs:
-`linear_silu_mul` is the MLP's gate|up product with SwiGLU's activation (fused into the
-tiled kernel's store too), and `linear_rope_write_kv` the attention block's q|k|v product
-with RoPE and the KV write.
+`linear_silu_mul` is the MLP's gate|up product with SwiGLU's activation, and
+`linear_rope_write_kv` the attention block's q|k|v product with RoPE and the KV write.
 
 Each of the three also takes the RMSNorm in front of it (`norm`): the GEMV applies it as
 it multiplies, any other kernel reads the rows that `rmsnorm` writes to norm.normed first.
@@ -23,7 +22,7 @@ import numpy as np
 from tinyvllm.kernels import cublas
 from tinyvllm.kernels.activation import silu_mul
 from tinyvllm.kernels.device.checks import check_array
-from tinyvllm.kernels.gemm import check_linear, gemm, gemm_silu_mul
+from tinyvllm.kernels.gemm import check_linear, gemm
 from tinyvllm.kernels.gemv import gemv
 from tinyvllm.kernels.gemv_rope import gemv_rope_write_kv
 from tinyvllm.kernels.gemv_silu import gemv_silu_mul
@@ -67,9 +66,8 @@ def normed_rows(x, norm: RMSNorm | None, stream):
 def linear_silu_mul(x, weight, gate_up, out, *, kernel: str, norm: RMSNorm | None = None, stream=0) -> None:
     """out[M, I] = silu(gate) * up of x @ weight^T, weight[2I, K] interleaving gate and up rows.
 
-    The GEMV and the tiled GEMM store the activation themselves (`gemv_silu.gemv_silu_mul`,
-    `gemm.gemm_silu_mul`); cuBLAS writes the product to gate_up[M, 2I] (bf16), and
-    `activation.silu_mul` reads it from there.
+    The GEMV stores the activation itself (`gemv_silu.gemv_silu_mul`); the other kernels write
+    the product to gate_up[M, 2I] (bf16), and `activation.silu_mul` reads it from there.
     `norm` as in `linear`.
     """
     m, k = check_array("x", x, np.uint16, (None, None))
@@ -81,8 +79,6 @@ def linear_silu_mul(x, weight, gate_up, out, *, kernel: str, norm: RMSNorm | Non
     check_kernel(kernel)
     if kernel == "gemv":
         gemv_silu_mul(x, weight, out, norm=norm, stream=stream)
-    elif kernel == "tiled":
-        gemm_silu_mul(normed_rows(x, norm, stream), weight, out, stream=stream)
     else:
         LAUNCHERS[kernel](normed_rows(x, norm, stream), weight, gate_up, stream=stream)
         silu_mul(gate_up, out, stream=stream)
