@@ -11,6 +11,10 @@
 # BASELINE_REV=REV, the engine benchmarks run there first, in the same command, so the two
 # revisions' figures come from one machine minutes apart; its JSON lands in $OUT as baseline_*.json.
 # ENGINE_FLAGS (e.g. --no-peer) go to this revision's engine benchmarks.
+# kernels: with ATTENTION_BASELINE=DIR (a `git archive` of 93c88c7, whose prefill attention ran on
+# FP32 units) and ATTENTION_BASELINE_REV, that revision's bench_attention runs after this one's in
+# the same command, for the tensor-core issue's flash-prefill bar; its JSON lands in $OUT as
+# baseline_bench_attention.json.
 # variants: the tiled GEMM's candidate tile shapes against cuBLAS (perf/experiments/gemm_variants.py);
 # GEMM_VARIANTS (comma-separated names of its VARIANTS) times those alone.
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
@@ -70,6 +74,11 @@ for stage in $stages; do
       unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS ;;
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
+      if [ -n "${ATTENTION_BASELINE:-}" ]; then
+        echo "== attention baseline $ATTENTION_BASELINE: bench_attention"
+        (cd "$ATTENTION_BASELINE" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=${ATTENTION_BASELINE_REV:-unknown} &&
+          python3 -m perf.bench_attention && cp perf/results/bench_attention.json "$OUT/baseline_bench_attention.json") || status=1
+      fi
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     variants)
       run python3 -m perf.experiments.gemm_variants ${GEMM_VARIANTS:+--variants "$GEMM_VARIANTS"}
@@ -93,6 +102,7 @@ for stage in $stages; do
       cp perf/results/profile_step.json "$OUT"/profile_step_llama-1b.json
       run python3 -m perf.profile_step --model smollm2 --batches 1 64
       run python3 -m perf.profile_prefill
+      run python3 -m perf.profile_prefill --linear-backend tiled --out "$OUT/profile_prefill_tiled.json"
       run python3 -m perf.timeline_step ;;
     serve)
       run python3 -m perf.bench_serve ;;
