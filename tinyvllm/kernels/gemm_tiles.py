@@ -31,8 +31,7 @@ The levers a shape pulls, each the size of an idea from mma.sync GEMMs on Ampere
   column within a group), so that the blocks resident at once share W's tiles in L2; 0:
   a 2-D grid, blockIdx.x along N (each wave sweeps all of W for one or two rows of tiles).
 - `packed`: the bf16 epilogue stores two neighbouring outputs as one 32-bit word
-  (`cvt.rn.bf16x2`), and a product added to Y reads and writes them so, when Y's rows allow
-  it (even N, 4-byte aligned); otherwise per element.
+  (`cvt.rn.bf16x2`) when Y's rows allow it (even N, 4-byte aligned); otherwise per element.
 
 Swizzle: a slice row of BLOCK_K = 32 bf16 is 64 bytes, 4 chunks; shared memory has 32 banks
 of 4 bytes, 8 chunk-sized bank groups per 128 bytes, so row r's chunk c starts in group
