@@ -46,6 +46,18 @@ stages=${*:-tests kernels engine prefix profile serve}
 started=$(mktemp)  # only the JSON written after this goes to $OUT, which takes 8 files at most
 status=0
 run() { echo "== $*"; "$@" || { echo "== FAILED (rc $?): $*"; status=1; }; }
+# at_revision DIR REV FLAGS BENCH...: perf's BENCH modules (each given FLAGS) in the checkout DIR of
+# another revision, their JSON to $OUT as baseline_BENCH.json; a `git archive` has no .git, so REV
+# names the revision in the JSON
+at_revision() {
+  local dir=$1 rev=$2 flags=$3
+  shift 3
+  echo "== $rev ($dir): $* $flags"
+  (cd "$dir" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=$rev &&
+    for bench in "$@"; do
+      python3 -m perf."$bench" $flags && cp perf/results/"$bench".json "$OUT/baseline_$bench.json" || exit 1
+    done) || status=1
+}
 
 main() {
 for stage in $stages; do
@@ -75,9 +87,7 @@ for stage in $stages; do
     kernels)
       for bench in bench_gemm bench_elementwise bench_attention bench_sampling; do run python3 -m perf.$bench; done
       if [ -n "${ATTENTION_BASELINE:-}" ]; then
-        echo "== attention baseline $ATTENTION_BASELINE: bench_attention"
-        (cd "$ATTENTION_BASELINE" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=${ATTENTION_BASELINE_REV:-unknown} &&
-          python3 -m perf.bench_attention && cp perf/results/bench_attention.json "$OUT/baseline_bench_attention.json") || status=1
+        at_revision "$ATTENTION_BASELINE" "${ATTENTION_BASELINE_REV:-unknown}" "" bench_attention
       fi
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     variants)
@@ -87,11 +97,7 @@ for stage in $stages; do
       run python3 -m perf.bench_sampling ;;
     engine)
       if [ -n "${BASELINE:-}" ]; then
-        echo "== baseline $BASELINE: bench_decode, bench_throughput (no peers)"
-        # a `git archive` has no .git: BASELINE_REV names its revision in its JSON
-        (cd "$BASELINE" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=${BASELINE_REV:-unknown} &&
-          python3 -m perf.bench_decode --no-peer && python3 -m perf.bench_throughput --no-peer &&
-          for f in bench_decode bench_throughput; do cp perf/results/$f.json "$OUT/baseline_$f.json"; done) || status=1
+        at_revision "$BASELINE" "${BASELINE_REV:-unknown}" --no-peer bench_decode bench_throughput
       fi
       run python3 -m perf.bench_decode ${ENGINE_FLAGS:-}
       run python3 -m perf.bench_throughput ${ENGINE_FLAGS:-} ;;
