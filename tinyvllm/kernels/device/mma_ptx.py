@@ -45,7 +45,8 @@ def ptx_instructions():
             return shared_address(builder, element_pointer(context, builder, array_type, array, index_type, index))
         data = context.make_array(array_type)(context, builder, value=array).data
         index = context.cast(builder, index, index_type, types.uint32)
-        return builder.add(shared_address(builder, data), builder.mul(index, ir.Constant(i32, array_type.dtype.bitwidth // 8)))
+        element_bytes = ir.Constant(i32, array_type.dtype.bitwidth // 8)
+        return builder.add(shared_address(builder, data), builder.mul(index, element_bytes))
 
     def global_address(builder, pointer):
         return builder.ptrtoint(builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, addrspace=1)), i64)
