@@ -32,7 +32,7 @@ from perf.kernel_registers import assemble_ptx, ptxas_report
 from tinyvllm.kernels.device.simulator import SIMULATOR
 from tinyvllm.kernels.gemm import gemm_kernel
 from tinyvllm.kernels.gemm_copies import stage_chunk_async, stage_chunk_ragged
-from tinyvllm.kernels.gemm_stores import add_bf16, add_bf16x2, store_bf16, store_bf16x2, store_f32
+from tinyvllm.kernels.gemm_stores import add_bf16, store_bf16, store_bf16x2, store_f32
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE
 
 TILE, ANY = types.uint16[:, ::1], types.uint16[:, :]
@@ -41,11 +41,10 @@ KERNELS = {
     "async, bf16": (stage_chunk_async, store_bf16, (TILE, TILE, TILE)),
     "async, float32": (stage_chunk_async, store_f32, (TILE, TILE, types.float32[:, ::1])),
     "async, accumulate": (stage_chunk_async, add_bf16, (TILE, TILE, TILE)),
-    "async, packed add": (stage_chunk_async, add_bf16x2, (TILE, TILE, types.uint32[:, ::1])),
     "ragged, bf16": (stage_chunk_ragged, store_bf16, (ANY, ANY, TILE)),
 }
 """The library's kernels for one shape: cp.async or element-wise staging, and each store (the
-packed ones where the shape has them; any shape falls back to plain bf16 on odd N)."""
+packed one where the shape has it; any shape falls back to plain bf16 on odd N)."""
 SHAPES = {"lib": GEMM_SHAPE} | VARIANTS
 PER_PROCESS_COUNTERS = ((re.compile(r"B\d+v\d+B"), "BvB"), (re.compile(r"(_cudapy_[a-z]+_)\d+"), r"\1N"))
 """Numba's counters of compilations in the process: the version it mangles into a function's
@@ -97,7 +96,7 @@ def main() -> None:
         raise SystemExit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
     for name in names:
         for label, (stage_chunk, store, signature) in KERNELS.items():
-            if store in (store_bf16x2, add_bf16x2) and not SHAPES[name].packed:
+            if store is store_bf16x2 and not SHAPES[name].packed:
                 continue
             ptx = ptx_for_sm90(gemm_kernel(stage_chunk, store, SHAPES[name]), signature)
             print(f"{name:<34} {label:<18} {fingerprint(ptx)}")

@@ -72,7 +72,7 @@ from tinyvllm.kernels.device.pdl import allow_dependent_launch, wait_for_prior_g
 from tinyvllm.kernels.device.simulator import SIMULATOR, launch_bounds
 from tinyvllm.kernels.device.vector_io import VECTOR, data_address
 from tinyvllm.kernels.gemm_copies import copy_functions, rows_of_eight, stage_chunk_async, stage_chunk_ragged
-from tinyvllm.kernels.gemm_stores import PACKED, PAIR_STORES, pair_store, store_for
+from tinyvllm.kernels.gemm_stores import pair_store, store_bf16, store_bf16x2, store_for
 from tinyvllm.kernels.gemm_tiles import GEMM_SHAPE, GemmShape, allow_dynamic_shared, grid
 
 BLOCK_M, BLOCK_N, BLOCK_K, THREADS = GEMM_SHAPE.block_m, GEMM_SHAPE.block_n, GEMM_SHAPE.block_k, GEMM_SHAPE.threads
@@ -102,7 +102,7 @@ def check_linear(x, weight, out, out_name: str = "out", accumulate: bool = False
 @functools.cache
 def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     """The tiled kernel for one staging function, one output store and one tile shape
-    (compiled per triple). With a pair store (`PAIR_STORES`) it takes Y's rows viewed as uint32."""
+    (compiled per triple). With `store_bf16x2` it takes Y's rows viewed as uint32."""
     block_m, block_n, block_k, stages = shape.block_m, shape.block_n, shape.block_k, shape.stages
     row_stride = shape.row_stride
     stage_a, stage_b, rows_per_pass, chunks = shape.stage_a, shape.stage_b, shape.rows_per_pass, shape.chunks_per_row
@@ -110,7 +110,7 @@ def gemm_kernel(stage_chunk, store, shape: GemmShape = GEMM_SHAPE):
     warp_n_size, warps_n = shape.warp_n, shape.warps_n
     pending, uniform, group_m, grouped = stages - 2, shape.uniform, max(shape.group_m, 1), shape.group_m > 0
     shared_tiles, b_start = tiles.shared_tiles(shape)
-    columns = 2 if store in PAIR_STORES else 1  # outputs per element of out
+    columns = 2 if store is store_bf16x2 else 1  # outputs per element of out
     store_pair = pair_store(store)
     multiply_k16, multiply_slice = multiply.k16_multiplier(shape), multiply.slice_multiplier(shape)
 
@@ -249,8 +249,8 @@ def gemm(x, weight, out, *, accumulate: bool = False, stream=0, shape: GemmShape
     fits = max(x.shape[0] * x.shape[1], weight.shape[0] * weight.shape[1]) < 2**32
     stage_chunk = stage_chunk_async if fits and rows_of_eight(x, weight) else stage_chunk_ragged
     store = store_for(out, accumulate)
-    if shape.packed and store in PACKED and n % 2 == 0 and data_address(out) % 4 == 0:
-        store, out = PACKED[store], out.view(np.uint32)
+    if shape.packed and store is store_bf16 and n % 2 == 0 and data_address(out) % 4 == 0:
+        store, out = store_bf16x2, out.view(np.uint32)
     kernel = gemm_kernel(stage_chunk, store, shape)
     if shape.dynamic_bytes and not SIMULATOR:
         allow_dynamic_shared(kernel, tuple(numba.typeof(a) for a in (x, weight, out)), shape.dynamic_bytes)

@@ -120,14 +120,12 @@ def copy_functions(shape: GemmShape, stage_chunk):
     @cuda.jit(device=True, inline=True)
     def stage_whole_operand(tiles_array, stage_offset, source, copies, count, k0):
         """`stage_operand` for a slice wholly inside the matrix, by cp.async (the flat `source`):
-        no predicate; each chunk's source is one 64-bit address a slice plus p times the 32-bit
-        pass, one wide multiply-add, and its target a 32-bit offset (`mma.py`), which ptxas
-        folds into the instruction. In 32-bit sums that may wrap, LLVM kept both in 64 bits
-        with masks, recomputed every slice (perf/LOG.md, 2026-12-08)."""
+        no predicate, and each chunk's source a 32-bit offset from one 64-bit address a slice,
+        which ptxas forms in one wide multiply-add."""
         row, index, offset, rows_inside, index_pass = copies
         start = np.uint64(np.uint32(index + k0))
         for p in range(count):
             chunk_offset = np.uint32(np.uint32(stage_offset + offset) + np.uint32(p * pass_elements))
-            cp_async_16(tiles_array, chunk_offset, source, start + np.uint64(index_pass) * np.uint64(p))
+            cp_async_16(tiles_array, chunk_offset, source, start + np.uint64(np.uint32(np.uint32(p) * index_pass)))
 
     return thread_copies, stage_operand, stage_whole_operand, source_view

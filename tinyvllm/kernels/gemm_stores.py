@@ -4,8 +4,8 @@ The one-element stores (bf16, float32, or added to bf16 Y, the residual stream's
 the GEMV (kernels/gemv.py) and the tiled GEMM (kernels/gemm.py). In the tiled GEMM a lane
 holds its accumulators as pairs of neighbouring columns (2t, 2t + 1 of each mma tile), so
 each store takes a pair: one element at a time (`pair_store` around a one-element store), or
-both as one 32-bit word of two bf16, stored or added (`PAIR_STORES`, for a `packed` shape
-where Y's rows allow it).
+both as one 32-bit word of two bf16 (`store_bf16x2`, for a `packed` shape where Y's rows
+allow it).
 """
 
 import functools
@@ -43,24 +43,10 @@ def store_bf16x2(out, row, col, width, low, high):
         out[row, col >> 1] = bf16x2(low, high)
 
 
-@cuda.jit(device=True, inline=True)
-def add_bf16x2(out, row, col, width, low, high):
-    """Y[row, col:col+2] += (low, high) through one 32-bit word of out, each sum rounded once."""
-    if col < width:
-        word = out[row, col >> 1]
-        low_sum = bf16_to_f32(word & np.uint32(0xFFFF)) + low
-        out[row, col >> 1] = bf16x2(low_sum, bf16_to_f32(word >> np.uint32(16)) + high)
-
-
-PAIR_STORES = (store_bf16x2, add_bf16x2)
-"""Epilogue stores of two neighbouring outputs as one 32-bit word of two bf16 (Y's rows
-viewed as uint32)."""
-
-
 @functools.cache
 def pair_store(store):
     """The epilogue's store of Y[row, col] and Y[row, col + 1], each only inside Y (width wide)."""
-    if store in PAIR_STORES:
+    if store is store_bf16x2:
         return store
 
     @cuda.jit(device=True, inline=True)
@@ -71,10 +57,6 @@ def pair_store(store):
             store(out, row, col + 1, high)
 
     return pair
-
-
-PACKED = {store_bf16: store_bf16x2, add_bf16: add_bf16x2}
-"""The bf16 stores' two-at-a-time forms, for a `packed` shape."""
 
 
 def store_for(out, accumulate: bool):

@@ -71,9 +71,7 @@ stand-ins refuse offsets that are not multiples of 8.
 Shared addresses (`mma_ptx.py` emits the PTX): Numba hands a shared array's data as a generic pointer; an LLVM
 `addrspacecast` to address space 3 and a 32-bit `ptrtoint` give the `.shared` address these
 instructions take (NVPTX emits `cvta.to.shared`, or, for an array it knows is a shared
-symbol, as in the kernels so far, the symbol's address itself). An offset typed 32-bit
-(`np.uint32`) is added to the array's address in 32-bit integers, which the caller then
-promises never wrap; a wider one goes through Numba's 64-bit element pointer.
+symbol, as in the kernels so far, the symbol's address itself).
 
 Under the simulator there is no PTX, and each CUDA thread is a Python thread. The stand-ins
 (chosen once at import, `simulator.py` lists them) are plain Python with the same fragment

@@ -35,19 +35,6 @@ def ptx_instructions():
         shared_pointer = builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, addrspace=3))
         return builder.ptrtoint(shared_pointer, i32)
 
-    def shared_element_address(context, builder, array_type, array, index_type, index):
-        """The .shared address of array[index]: for a 32-bit index, the array's address plus
-        the index's bytes in 32-bit integers (the tiled GEMM's copies: through a 64-bit element
-        pointer LLVM kept every copy's address in 64 bits, masks and all, a third of the K
-        loop's instructions); for a wider one, through the element pointer (flash attention's
-        copies: in 32 bits its D = 64 kernel spills)."""
-        if index_type.bitwidth > 32:
-            return shared_address(builder, element_pointer(context, builder, array_type, array, index_type, index))
-        data = context.make_array(array_type)(context, builder, value=array).data
-        index = context.cast(builder, index, index_type, types.uint32)
-        element_bytes = ir.Constant(i32, array_type.dtype.bitwidth // 8)
-        return builder.add(shared_address(builder, data), builder.mul(index, element_bytes))
-
     def global_address(builder, pointer):
         return builder.ptrtoint(builder.addrspacecast(pointer, ir.PointerType(pointer.type.pointee, addrspace=1)), i64)
 
@@ -90,9 +77,10 @@ def ptx_instructions():
                 return None
 
             def codegen(context, builder, sig, args):
-                address = shared_element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+                pointer = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
                 text = f"ldmatrix.sync.aligned.{shape}.shared.b16 {{$0, $1, $2, $3}}, [$4];"
                 struct = ir.LiteralStructType([i32] * 4)
+                address = shared_address(builder, pointer)
                 # reads shared memory that syncthreads orders: the clobber keeps it after the barrier
                 r = asm_call(builder, struct, [i32], text, "=r,=r,=r,=r,r,~{memory}", [address])
                 return context.make_tuple(builder, words_type, [builder.extract_value(r, k) for k in range(4)])
@@ -120,9 +108,9 @@ def ptx_instructions():
         return pack
 
     def copy_addresses(context, builder, sig, args):
-        target = shared_element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        target = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
         source = element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-        return [target, global_address(builder, source)]
+        return [shared_address(builder, target), global_address(builder, source)]
 
     @intrinsic
     def cp_async_16(typingctx, shared, shared_offset, row, row_offset):
