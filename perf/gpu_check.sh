@@ -16,7 +16,10 @@
 # the same command, for the tensor-core issue's flash-prefill bar; its JSON lands in $OUT as
 # baseline_bench_attention.json.
 # variants: the tiled GEMM's candidate tile shapes against cuBLAS (perf/experiments/gemm_variants.py);
-# GEMM_VARIANTS (comma-separated names of its VARIANTS) times those alone.
+# GEMM_VARIANTS (comma-separated names of its VARIANTS) times those alone. With GEMM_BASELINE=DIR
+# (a `git archive` of another revision) and GEMM_BASELINE_REV, that revision's gemm_variants runs
+# first, the same variants, so a change to the GEMM is timed beside the kernel before it in one
+# command; its JSON lands in $OUT as baseline_gemm_variants.json.
 # peers: vLLM beside tinyvllm (perf/bench_peers.py), vLLM imported from VLLM_SITE, a
 # `pip install --no-deps --target` of the wheels ../shared/peers lists.
 #
@@ -46,16 +49,17 @@ stages=${*:-tests kernels engine prefix profile serve}
 started=$(mktemp)  # only the JSON written after this goes to $OUT, which takes 8 files at most
 status=0
 run() { echo "== $*"; "$@" || { echo "== FAILED (rc $?): $*"; status=1; }; }
-# at_revision DIR REV FLAGS BENCH...: perf's BENCH modules (each given FLAGS) in the checkout DIR of
-# another revision, their JSON to $OUT as baseline_BENCH.json; a `git archive` has no .git, so REV
-# names the revision in the JSON
+# at_revision DIR REV FLAGS BENCH...: perf's BENCH modules (each given FLAGS; e.g. bench_decode or
+# experiments.gemm_variants) in the checkout DIR of another revision, their JSON (perf/results/,
+# a package's folder for each dot) to $OUT as baseline_NAME.json, NAME the module's own; a `git
+# archive` has no .git, so REV names the revision in the JSON
 at_revision() {
   local dir=$1 rev=$2 flags=$3
   shift 3
   echo "== $rev ($dir): $* $flags"
   (cd "$dir" && export PYTHONPATH=/tmp/site:$PWD GIT_REV=$rev &&
     for bench in "$@"; do
-      python3 -m perf."$bench" $flags && cp perf/results/"$bench".json "$OUT/baseline_$bench.json" || exit 1
+      python3 -m perf."$bench" $flags && cp perf/results/"${bench//.//}".json "$OUT/baseline_${bench##*.}.json" || exit 1
     done) || status=1
 }
 
@@ -91,6 +95,10 @@ for stage in $stages; do
       fi
       if command -v ptxas >/dev/null; then run python3 -m perf.kernel_registers; else echo "no ptxas: perf.kernel_registers not run"; fi ;;
     variants)
+      if [ -n "${GEMM_BASELINE:-}" ]; then
+        at_revision "$GEMM_BASELINE" "${GEMM_BASELINE_REV:-unknown}" "${GEMM_VARIANTS:+--variants $GEMM_VARIANTS}" \
+          experiments.gemm_variants
+      fi
       run python3 -m perf.experiments.gemm_variants ${GEMM_VARIANTS:+--variants "$GEMM_VARIANTS"}
       cp perf/results/experiments/gemm_variants.json "$OUT"/ ;;
     sampling)
