@@ -362,3 +362,31 @@ def test_a_prefix_shared_by_requests_attached_in_a_row_is_hashed_once(monkeypatc
     attach_prefix(cache, b, 4)
     assert len(hashed) == 3 + 1  # A's three full blocks before its last token, then B's third
     assert b.block_keys == expected and b.block_keys[:2] == a.block_keys[:2]
+
+
+def _computed(cache: PrefixCachingAllocator, seq: Sequence, block_size: int) -> None:
+    """seq's prompt computed past its attached prefix: blocks for the rest, full ones registered."""
+    missing = blocks_needed(seq.num_tokens, block_size) - len(seq.block_table)
+    seq.block_table.extend(cache.allocate(missing).tolist())
+    seq.num_computed_tokens = seq.num_tokens
+    register_computed_blocks(cache, seq, block_size)
+
+
+def test_a_run_found_again_is_looked_up_anew_after_an_eviction():
+    """Requests in a row that share a prefix find the run the one before found without
+    checking it again, but not once a block has been evicted: then the prefix is gone."""
+    cache, params, prompt = PrefixCachingAllocator(8), SamplingParams(), [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    first = Sequence("first", prompt, params)
+    attach_prefix(cache, first, 4)
+    _computed(cache, first, 4)
+    second, third = Sequence("second", prompt, params), Sequence("third", prompt[:8] + [5], params)
+    assert attach_prefix(cache, second, 4) == attach_prefix(cache, third, 4) == 8
+    assert second.block_table == third.block_table == first.block_table[:2]
+    third.block_table.extend(cache.allocate(1).tolist())  # a found run is the sequence's own list
+    fourth = Sequence("fourth", prompt + [1, 2, 3, 4], params)  # three full blocks to look up
+    assert attach_prefix(cache, fourth, 4) == 8 and fourth.block_table == first.block_table[:2]
+    for seq in (first, second, third, fourth):
+        cache.free(seq.block_table)
+    cache.free(cache.allocate(cache.num_free))  # every unowned cached block evicted
+    fifth = Sequence("fifth", prompt, params)
+    assert attach_prefix(cache, fifth, 4) == 0 and fifth.block_table == []

@@ -9,7 +9,8 @@ the first miss; each candidate is confirmed against the token ids stored with it
 against its parent (the block matched just before, at the same registration generation),
 so a hash collision is a miss, never wrong K/V. Stored ids are int64 bytes (`token_bytes`):
 a run of blocks is confirmed by comparing two byte strings, where a tuple of Python ints per
-block cost a comparison per token.
+block cost a comparison per token. The last run confirmed is kept, and found again by its ids
+alone while no block has been evicted (a burst of requests sharing a system prompt).
 
 Cached blocks with no owner are neither free nor lost: they sit in a least-recently-freed
 order and count as free, and `allocate` evicts the oldest of them only when the free stack
@@ -63,6 +64,10 @@ class PrefixCachingAllocator(BlockAllocator):
         # parent evicted and registered again has a new one, and generations order registrations.
         self._generation = [0] * num_blocks
         self._num_registrations = 0
+        # The last run `lookup` found, its blocks' ids as token_bytes and the evictions before it:
+        # a burst of requests that share a prefix looks the same run up again and again.
+        self._last_run: tuple[list[int], bytes, int] = ([], b"", 0)
+        self._num_evictions = 0
         # The sequence attached last (`attach_prefix`): requests that arrive together often share
         # a prefix (a system prompt), and a new one takes the keys of the blocks they share.
         self.last_attached: Sequence | None = None
@@ -120,6 +125,12 @@ class PrefixCachingAllocator(BlockAllocator):
         """The cached blocks of the longest prefix of the full blocks of `tokens` (token ids as
         `token_bytes`), whose keys (chained, see `full_block_keys`) are `keys`: one block id per
         key matched."""
+        run, run_tokens, evictions = self._last_run
+        # The last run again, while no block has been evicted since: its blocks still hold what
+        # was confirmed then, chained as they were, and these tokens begin with the same ids.
+        if run and evictions == self._num_evictions and len(keys) >= len(run) and tokens.startswith(run_tokens):
+            if len(keys) == len(run) or keys[len(run)] not in self._by_key:  # else the run may go on: look it all up
+                return run[:]
         # Each check runs over the whole run of candidates at once, as list and byte-string
         # comparisons in C: a Python loop over a 2,048-token prefix's 128 blocks cost ~50 us a request.
         found = list(map(self._by_key.get, keys))
@@ -127,13 +138,18 @@ class PrefixCachingAllocator(BlockAllocator):
             del found[found.index(None) :]
         if not found:
             return found
+        found_tokens = b"".join(map(self._tokens.__getitem__, found))
         chained = (
             list(map(self._parent.__getitem__, found)) == [-1, *found[:-1]]
             and list(map(self._parent_generation.__getitem__, found))
             == [0, *map(self._generation.__getitem__, found[:-1])]
-            and b"".join(map(self._tokens.__getitem__, found)) == tokens[: len(found) * block_size * TOKEN_BYTES]
+            and tokens.startswith(found_tokens)
         )
-        return found if chained else found[: self._confirmed_length(found, tokens, block_size)]
+        if not chained:
+            found = found[: self._confirmed_length(found, tokens, block_size)]
+            found_tokens = found_tokens[: len(found) * block_size * TOKEN_BYTES]
+        self._last_run = (found, found_tokens, self._num_evictions)
+        return found[:]
 
     def _confirmed_length(self, found: list[int], tokens: bytes, block_size: int) -> int:
         """How many of the candidate blocks `found` chain from the first, each to the one before
@@ -190,6 +206,7 @@ class PrefixCachingAllocator(BlockAllocator):
     def _evict(self, block_id: int) -> None:
         self._tokens[block_id] = None
         del self._by_key[self._key[block_id]]
+        self._num_evictions += 1
 
 
 def full_block_keys(seq: Sequence, num_blocks: int, block_size: int) -> list[int]:
