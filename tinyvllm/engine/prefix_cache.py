@@ -112,13 +112,16 @@ class PrefixCachingAllocator(BlockAllocator):
         if None in map(self._tokens.__getitem__, block_ids):
             uncached = [block_id for block_id in block_ids if self._tokens[block_id] is None]
             raise ValueError(f"block {uncached[0]} is not cached")
-        if self._unowned:  # while the cache fills, as under a burst of new requests, nothing waits here
-            for block_id in block_ids:
-                self._unowned.pop(block_id, None)
-        if block_ids:  # one call, not one per block (a miss, the common case, makes none)
-            # distinct blocks, so an indexed increment counts each once; np.add.at, which counts
-            # repeats, is several times slower (perf/LOG.md, 2026-12-07)
-            self._ref_counts[np.fromiter(block_ids, np.intp, len(block_ids))] += 1
+        if not block_ids:  # a miss, the common case
+            return
+        ids = np.fromiter(block_ids, np.intp, len(block_ids))
+        owners = self._ref_counts[ids]
+        if self._unowned and not owners.all():  # only a cached block with no owner waits there
+            for block_id in ids[owners == 0].tolist():
+                del self._unowned[block_id]
+        # distinct blocks, so an indexed store counts each once; np.add.at, which counts
+        # repeats, is several times slower (perf/LOG.md, 2026-12-07)
+        self._ref_counts[ids] = owners + 1
 
     # --8<-- [start:lookup]
     def lookup(self, tokens: bytes, keys: list[int], block_size: int) -> list[int]:
