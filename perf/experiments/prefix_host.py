@@ -14,8 +14,10 @@ those calls, so what it measures is the scheduler's and the allocator's host wor
 - shared: 256 requests of one 2,048-token prefix plus 64 unique tokens each (perf/bench_prefix's
   shared-prefix prompts), to see that hits stay cheap too, at perf/bench_prefix's budget of
   8,192 tokens a step (the engine's default), so that its first step admits 96 requests as the
-  benchmark's does. That first step's host time is reported apart (`first_step_us`): the GPU
-  waits for all of it, while the later steps' scheduling overlaps the step before on the GPU.
+  benchmark's does; before it, untimed, the same workload with another prefix, whose blocks stay
+  cached with no owner, as the benchmark's warm-up leaves them. That first step's host time is
+  reported apart (`first_step_us`): the GPU waits for all of it, while the later steps'
+  scheduling overlaps the step before on the GPU.
 
 Each runs with the cache on and off, `repeats` times on a fresh scheduler; the fastest run
 is reported (host us per step, and the total): on a shared machine the others are slower
@@ -60,13 +62,16 @@ def shared_prompts(rng: np.random.Generator) -> list[list[int]]:
     return [np.concatenate([prefix, rng.integers(0, VOCAB, 64)]).tolist() for _ in range(256)]
 
 
-WORKLOADS = {"unique": (unique_prompts, 4096), "shared": (shared_prompts, 8192)}  # (prompts, token budget)
+WORKLOADS = {"unique": (unique_prompts, 4096, False), "shared": (shared_prompts, 8192, True)}
+"""(prompts, token budget, whether a warm-up of the same workload with another seed runs first)"""
+WARM_UP_SEED = 1
 
 
-def make_scheduler(prompts: list[list[int]], cache: bool, budget: int) -> Scheduler:
+def make_scheduler(prompts: list[list[int]], cache: bool, budget: int, warm_up: list[list[int]] = ()) -> Scheduler:
     """A scheduler with every prompt queued (max_tokens 1) and blocks for all of them at once,
-    each with its ids' bytes, as add_request makes them when it checks a token-id prompt."""
-    num_blocks = sum(blocks_needed(len(prompt), BLOCK_SIZE) for prompt in prompts) + 16
+    each with its ids' bytes, as add_request makes them when it checks a token-id prompt; the
+    `warm_up` prompts run through it to the end first."""
+    num_blocks = sum(blocks_needed(len(prompt), BLOCK_SIZE) for prompt in [*prompts, *warm_up]) + 16
     config = ResolvedEngineConfig(
         block_size=BLOCK_SIZE,
         num_blocks=num_blocks,
@@ -77,6 +82,9 @@ def make_scheduler(prompts: list[list[int]], cache: bool, budget: int) -> Schedu
     allocator = (PrefixCachingAllocator if cache else BlockAllocator)(num_blocks)
     scheduler = Scheduler(config, allocator)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
+    for index, prompt in enumerate(warm_up):
+        scheduler.add(new_sequences(f"warm-up-{index}", array("q", prompt), params))
+    run(scheduler)
     for index, prompt in enumerate(prompts):
         scheduler.add(new_sequences(str(index), array("q", prompt), params))  # as add_request
     return scheduler
@@ -99,14 +107,15 @@ def run(scheduler: Scheduler) -> list[float]:
     return step_seconds
 
 
-def measure(prompts: list[list[int]], cache: bool, budget: int, repeats: int) -> dict:
-    """The fastest of `repeats` runs (by total host time), each on a fresh scheduler, and the
-    fastest first step of them."""
+def measure(prompts: list[list[int]], cache: bool, budget: int, repeats: int, warm_up: list[list[int]]) -> dict:
+    """The fastest of `repeats` runs (by total host time), each on a fresh scheduler (warmed up
+    on `warm_up`), and the fastest first step of them."""
     runs = []
     for _ in range(repeats):
-        scheduler = make_scheduler(prompts, cache, budget)
+        scheduler = make_scheduler(prompts, cache, budget, warm_up)
+        warm_up_hits = scheduler.prefix_cache_hits
         runs.append(run(scheduler))
-        hits = scheduler.prefix_cache_hits
+        hits = scheduler.prefix_cache_hits - warm_up_hits
     steps = min(runs, key=sum)
     prompt_tokens = sum(map(len, prompts))
     return {
@@ -121,9 +130,9 @@ def measure(prompts: list[list[int]], cache: bool, budget: int, repeats: int) ->
     }
 
 
-def profile(prompts: list[list[int]], budget: int, top: int) -> list[dict]:
+def profile(prompts: list[list[int]], budget: int, top: int, warm_up: list[list[int]]) -> list[dict]:
     """cProfile of one cache-on run: the functions with the most time of their own, per step."""
-    scheduler = make_scheduler(prompts, cache=True, budget=budget)
+    scheduler = make_scheduler(prompts, cache=True, budget=budget, warm_up=warm_up)
     profiler = cProfile.Profile()
     profiler.enable()
     steps = len(run(scheduler))
@@ -139,18 +148,19 @@ def main() -> None:
     results, profiles = [], {}
     columns = ("steps", "total ms", "us/step", "max step us", "first step us", "ns/token")
     print(f"{'workload':<8} {'cache':<5} " + " ".join(f"{name:>{len(name)}}" for name in columns))
-    for name, (make_prompts, budget) in WORKLOADS.items():
+    for name, (make_prompts, budget, warmed_up) in WORKLOADS.items():
         prompts = make_prompts(np.random.default_rng(0))
+        warm_up = make_prompts(np.random.default_rng(WARM_UP_SEED)) if warmed_up else []
         for cache in (True, False):
             row = {"workload": name, "prefix_caching": cache, "budget": budget}
-            row.update(measure(prompts, cache, budget, args.repeats))
+            row.update(measure(prompts, cache, budget, args.repeats, warm_up))
             results.append(row)
             print(
                 f"{name:<8} {'on' if cache else 'off':<5} {row['steps']:>5} {row['total_ms']:>8.2f} "
                 f"{row['us_per_step']:>7.1f} {row['max_step_us']:>11.1f} {row['first_step_us']:>13.1f} "
                 f"{row['host_ns_per_prompt_token']:>8.1f}"
             )
-        profiles[name] = profile(prompts, budget, args.profile_top)
+        profiles[name] = profile(prompts, budget, args.profile_top, warm_up)
     for name, rows in profiles.items():
         print(f"\ncProfile, {name}, cache on (profiler-inflated), per step")
         print(f"{'function':<62} {'calls':>7} {'own us':>8} {'total us':>9}")
