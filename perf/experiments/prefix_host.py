@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ WORKLOADS = {"unique": (unique_prompts, 4096, False), "shared": (shared_prompts,
 WARM_UP_SEED = 1
 
 
-def make_scheduler(prompts: list[list[int]], cache: bool, budget: int, warm_up: list[list[int]] = ()) -> Scheduler:
+def make_scheduler(prompts: list[list[int]], cache: bool, budget: int, warm_up: Sequence[list[int]] = ()) -> Scheduler:
     """A scheduler with every prompt queued (max_tokens 1) and blocks for all of them at once,
     each with its ids' bytes, as add_request makes them when it checks a token-id prompt; the
     `warm_up` prompts run through it to the end first."""

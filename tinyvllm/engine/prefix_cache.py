@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tinyvllm.engine.block_manager import BlockAllocator
-from tinyvllm.engine.sequence import TOKEN_BYTES, Sequence, token_bytes
+from tinyvllm.engine.sequence import TOKEN_BYTES, Sequence
 
 ROOT_KEY = 0
 """The parent key of a sequence's first block."""
@@ -296,5 +296,6 @@ def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
 
 
 def _token_bytes(seq: Sequence, start: int, end: int) -> bytes:
-    """seq's token ids start to end as `token_bytes`."""
-    return token_bytes(seq.token_ids[start:end])
+    """seq's token ids start to end as `token_bytes`: one copy out of its int64 array, where
+    slicing it and converting the slice made three (0.7 against 1.6 us for 2,096 ids)."""
+    return memoryview(seq.token_ids)[start:end].tobytes()
