@@ -19,10 +19,15 @@ from tinyvllm.engine.prefix_cache import (
     full_block_keys,
     register_computed_blocks,
 )
-from tinyvllm.engine.sequence import Sequence, token_bytes
+from tinyvllm.engine.sequence import Sequence
 from tinyvllm.sampling_params import SamplingParams
 
 PREFIXES = ([1, 2, 3, 4, 5, 1, 2, 3], [2, 2, 2, 2, 3, 3, 3, 3], [1, 2, 3, 4, 4, 4, 4, 4])
+
+
+def token_bytes(token_ids) -> bytes:
+    """The prefix cache's form of token ids, made apart from the library's: int64 in machine order."""
+    return np.asarray(list(token_ids), dtype=np.int64).tobytes()
 
 
 def colliding_hash(parent_key: int, tokens: bytes) -> int:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tinyvllm.engine.block_manager import BlockAllocator
-from tinyvllm.engine.sequence import TOKEN_BYTES, Sequence
+from tinyvllm.engine.sequence import TOKEN_BYTES, Sequence, token_bytes
 
 ROOT_KEY = 0
 """The parent key of a sequence's first block."""
@@ -219,7 +219,7 @@ def full_block_keys(seq: Sequence, num_blocks: int, block_size: int) -> list[int
     keys = seq.block_keys
     if len(keys) < num_blocks:
         parent_key = keys[-1] if keys else ROOT_KEY
-        span = _token_bytes(seq, len(keys) * block_size, num_blocks * block_size)
+        span = token_bytes(seq.token_ids, len(keys) * block_size, num_blocks * block_size)
         width = block_size * TOKEN_BYTES
         for start in range(0, len(span), width):
             parent_key = block_hash(parent_key, span[start : start + width])
@@ -235,7 +235,7 @@ def lookup_keys(seq: Sequence, block_size: int, recent: Sequence | None = None) 
     num_blocks = _full_known_blocks(seq, seq.num_tokens - 1, block_size)
     if recent is not None and not seq.block_keys:
         span = min(num_blocks, len(recent.block_keys)) * block_size
-        ours, theirs = _token_bytes(seq, 0, span), _token_bytes(recent, 0, span)
+        ours, theirs = token_bytes(seq.token_ids, 0, span), token_bytes(recent.token_ids, 0, span)
         seq.block_keys = recent.block_keys[: _common_blocks(ours, theirs, block_size * TOKEN_BYTES)]
     return full_block_keys(seq, num_blocks, block_size)[:num_blocks]
 
@@ -260,7 +260,7 @@ def attach_prefix(cache: PrefixCachingAllocator, seq: Sequence, block_size: int)
     computed; returns its length in tokens."""
     keys = lookup_keys(seq, block_size, cache.last_attached)
     cache.last_attached = seq
-    blocks = cache.lookup(_token_bytes(seq, 0, len(keys) * block_size), keys, block_size)
+    blocks = cache.lookup(token_bytes(seq.token_ids, 0, len(keys) * block_size), keys, block_size)
     cache.acquire(blocks)
     seq.block_table = blocks
     seq.num_registered_blocks = len(blocks)
@@ -280,7 +280,7 @@ def register_computed_blocks(
     if end <= start:
         return
     keys = full_block_keys(seq, end, block_size)[start:end]
-    tokens = _token_bytes(seq, start * block_size, end * block_size)
+    tokens = token_bytes(seq.token_ids, start * block_size, end * block_size)
     parent_block = seq.block_table[start - 1] if start else -1
     cache.register(seq.block_table[start:end], keys, tokens, block_size, parent_block)
     seq.num_registered_blocks = end
@@ -293,9 +293,3 @@ def _full_known_blocks(seq: Sequence, num_tokens: int, block_size: int) -> int:
     """How many of seq's blocks are full within its first num_tokens tokens and hold no
     placeholder (those are at the end of token_ids, so the first such block ends the run)."""
     return min(num_tokens, seq.num_known_tokens) // block_size
-
-
-def _token_bytes(seq: Sequence, start: int, end: int) -> bytes:
-    """seq's token ids start to end as `token_bytes`: one copy out of its int64 array, where
-    slicing it and converting the slice made three (0.7 against 1.6 us for 2,096 ids)."""
-    return memoryview(seq.token_ids)[start:end].tobytes()
